@@ -1,0 +1,206 @@
+"""The job schema: typed dataclasses registered in Hydra's ConfigStore.
+
+The YAML files in ``hydra_conf/`` only *select and override*; every field, its type and its
+default live here, so a typo fails at compose time with Hydra's "Did you mean ..." and a
+wrong type fails before anything is checked or rendered.
+
+Field names follow Megatron-LM's argument names for the model (``num_layers``,
+``hidden_size``, ...) so users can paste values from Megatron recipes. Parallelism uses
+short names (``tp``, ``pp``, ...). ``dp`` is never configured: it is derived from the world
+size (see :func:`Job.dp`).
+
+This module must stay importable on a login node: no torch, no megatron.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class ModelConfig:
+    """A GPT decoder; names are Megatron-LM's ``--arg`` names."""
+
+    name: str = MISSING  # label used in run names and reports
+    num_layers: int = MISSING  # transformer layers
+    hidden_size: int = MISSING  # model width h
+    ffn_hidden_size: int = MISSING  # MLP inner width (per expert for MoE)
+    num_attention_heads: int = MISSING  # query heads
+    num_query_groups: Optional[int] = None  # KV heads for GQA; None means = num_attention_heads (MHA)
+    kv_channels: Optional[int] = None  # per-head dim; None means hidden_size // num_attention_heads
+    seq_length: int = MISSING  # training sequence length
+    max_position_embeddings: Optional[int] = None  # None means = seq_length
+    vocab_size: int = MISSING  # tokenizer vocabulary before padding
+    make_vocab_size_divisible_by: int = 128  # padded vocab is a multiple of this * tp (Megatron)
+    swiglu: bool = True  # gated SiLU MLP (3 matrices) instead of GeLU (2 matrices)
+    position_embedding_type: str = "rope"  # rope | learned_absolute
+    rotary_base: int = 10000  # RoPE theta
+    normalization: str = "RMSNorm"  # RMSNorm | LayerNorm
+    untie_embeddings_and_output_weights: bool = True  # separate output layer (Llama) or tied (GPT-3)
+    add_bias_linear: bool = False  # biases in linear layers (GPT-3 style)
+    num_experts: Optional[int] = None  # MoE experts per layer; None means dense
+    moe_router_topk: int = 2  # experts each token is routed to
+    moe_ffn_hidden_size: Optional[int] = None  # expert MLP width; None means = ffn_hidden_size
+
+
+@dataclass
+class ParallelismConfig:
+    """The device mesh. ``dp = world / (tp * pp * cp)`` is derived, never set."""
+
+    name: str = "custom"  # label for reports and sweep registries
+    tp: int = 1  # tensor-parallel size (inside one NVLink domain)
+    pp: int = 1  # pipeline-parallel stages
+    vpp: Optional[int] = None  # virtual pipeline chunks per stage (interleaved 1F1B); needs pp > 1
+    cp: int = 1  # context-parallel size (needs TransformerEngine; GPU only)
+    ep: int = 1  # expert-parallel size (MoE only)
+    sequence_parallel: bool = False  # shard LayerNorm/dropout activations across tp; needs tp > 1
+    distributed_optimizer: bool = True  # shard fp32 main params and Adam moments across dp (ZeRO-1)
+    recompute: str = "none"  # none | selective | full activation recomputation
+    allow_tp_across_nodes: bool = False  # permit tp > gpus_per_node (slow: TP traffic on IB)
+    account_for_embedding_in_pipeline_split: bool = False  # count the embedding as a layer of stage 0
+    account_for_loss_in_pipeline_split: bool = False  # count the output layer + loss as a layer of the last stage
+
+
+@dataclass
+class ContainerConfig:
+    """pyxis/enroot container settings (empty image means no container)."""
+
+    image: str = ""  # e.g. nvcr.io#nvidia/pytorch:24.08-py3 or a .sqsh path
+    mounts: List[str] = field(default_factory=list)  # src:dst pairs for --container-mounts
+    workdir: str = ""  # --container-workdir
+
+
+@dataclass
+class ClusterConfig:
+    """One site. Adding a cluster is a YAML file under hydra_conf/cluster/, never code."""
+
+    name: str = MISSING  # label
+    launcher: str = "slurm"  # slurm | local (N processes on this machine, no Slurm)
+    partition: str = ""  # --partition ('' = site default)
+    account: str = ""  # --account
+    qos: str = ""  # --qos
+    nodes: int = 1  # nodes requested
+    gpus_per_node: int = 8  # GPUs (= tasks = ranks) per node used by the job
+    cpus_per_node: int = 8  # CPUs per node; cpus_per_task = cpus_per_node // gpus_per_node
+    mem_per_node_gb: int = 0  # --mem in GB (0 = Slurm default / whole node)
+    gpu: str = "h100_sxm"  # key into analysis.flops peak table; 'cpu' means no accelerator (no MFU)
+    gpu_memory_gb: float = 80.0  # usable memory per GPU for the planner's fit check
+    max_time_min: int = 2880  # partition's maximum wall time
+    nvlink_bandwidth_gbs: float = 450.0  # per-GPU unidirectional NVLink bandwidth, GB/s
+    ib_bandwidth_gbs: float = 50.0  # per-GPU inter-node bandwidth, GB/s (NDR 400 Gb/s = 50 GB/s)
+    fs_write_bandwidth_gbs: float = 20.0  # aggregate checkpoint write bandwidth, GB/s
+    achievable_fraction: float = 0.7  # fraction of dense peak a well-tuned GEMM reaches (planner)
+    node_mtbf_hours: float = 50000.0  # mean time between failures of one node (Young/Daly, simulation)
+    requeue_allowed: bool = True  # site permits `scontrol requeue` / --requeue
+    run_root: str = "runs"  # where runs/<name>/ live (shared filesystem on a real cluster)
+    data_root: str = ""  # dataset prefix root
+    checkpoint_root: str = ""  # '' = <run_dir>/checkpoints
+    lustre_stripe_count: int = 0  # >0: `lfs setstripe -c N` on the checkpoint dir
+    lustre_stripe_size: str = "4M"  # `lfs setstripe -S`
+    modules: List[str] = field(default_factory=list)  # `module load` lines
+    setup: List[str] = field(default_factory=list)  # extra shell lines before srun (venv activation ...)
+    env: Dict[str, str] = field(default_factory=dict)  # exported before srun (NCCL_*, UCX_*, ...)
+    container: ContainerConfig = field(default_factory=ContainerConfig)
+    sbatch_extra: Dict[str, str] = field(default_factory=dict)  # additional #SBATCH --key=value
+    exclude: str = ""  # nodes to keep out (--exclude)
+
+
+@dataclass
+class TrainingConfig:
+    """Optimisation and the run's lifecycle (checkpoints, signals, restarts)."""
+
+    global_batch_size: int = 8  # sequences per optimizer step, over all dp ranks
+    micro_batch_size: int = 1  # sequences per forward pass per rank
+    train_iters: Optional[int] = 20  # optimizer steps; or derive from train_tokens
+    train_tokens: Optional[int] = None  # if set, train_iters = ceil(tokens / (gbs * seq))
+    lr: float = 3.0e-4  # peak learning rate
+    min_lr: float = 3.0e-5  # floor of the decay
+    lr_warmup_iters: int = 2  # linear warm-up steps
+    lr_decay_style: str = "cosine"  # cosine | linear | constant
+    weight_decay: float = 0.1
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.95
+    clip_grad: float = 1.0  # global grad-norm clip
+    precision: str = "bf16"  # bf16 | fp16 | fp32 (CPU runs use fp32)
+    seed: int = 1234
+    log_interval: int = 1  # iterations between log lines
+    checkpoint_interval: Any = 10  # steps between periodic saves, or 'auto' (Young/Daly)
+    keep_checkpoints: int = 3  # newest K verified checkpoints kept
+    signal_lead_time_s: int = 120  # --signal lead: warning this long before the time limit
+    max_restarts: int = 20  # requeues allowed before giving up
+    zero_progress_restarts: int = 3  # stop after N consecutive restarts with no new checkpoint
+    fail_at_iter: Optional[int] = None  # test hook: raise at this iteration (deterministic crash)
+
+
+@dataclass
+class DataConfig:
+    """Where tokens come from."""
+
+    kind: str = "mock"  # mock (deterministic synthetic) | indexed (Megatron .bin/.idx)
+    path: str = ""  # indexed dataset prefix (without .bin/.idx)
+    tokenizer: str = "byte"  # byte (offline, 256 bytes + EOD)
+    split: str = "99,1,0"  # train,valid,test weights
+    seed: int = 1234
+
+
+@dataclass
+class RunConfig:
+    """One named run: its directory holds config, script, job ids, logs and checkpoints."""
+
+    name: str = "default"  # runs/<name>/; the same name continues the same run
+    dir: str = ""  # '' = <cluster.run_root>/<name>
+    time_limit_min: int = 60  # --time for each job (slice) of the run
+    dependency_chain: int = 0  # >0: pre-submit N afterany continuations (sites without requeue)
+    budget_gpu_hours: Optional[float] = None  # refuse submission if the estimate exceeds this
+
+
+@dataclass
+class PlanConfig:
+    """Options of launch/plan.py."""
+
+    format: str = "table"  # table | json
+    top: int = 10  # rows printed for parallelism=auto
+
+
+@dataclass
+class Job:
+    """The whole composed job: what every stage (check, plan, render, worker) receives."""
+
+    model: ModelConfig = MISSING
+    parallelism: ParallelismConfig = MISSING
+    cluster: ClusterConfig = MISSING
+    training: TrainingConfig = MISSING
+    data: DataConfig = MISSING
+    run: RunConfig = field(default_factory=RunConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
+    dry_run: bool = False  # print the rendered script and composed config; submit nothing
+    force: bool = False  # submit despite a failed preflight
+
+    @property
+    def world_size(self) -> int:
+        return self.cluster.nodes * self.cluster.gpus_per_node
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel size as Megatron derives it: world // (tp * pp * cp)."""
+        mp = self.parallelism.tp * self.parallelism.pp * self.parallelism.cp
+        return self.world_size // mp if mp > 0 else 0
+
+    @property
+    def run_dir(self) -> str:
+        return self.run.dir or f"{self.cluster.run_root}/{self.run.name}"
+
+
+def register_configs(cs: Optional[ConfigStore] = None) -> ConfigStore:
+    """Register the schema; YAML files extend these via ``defaults: [base_<group>]``."""
+    cs = cs or ConfigStore.instance()
+    cs.store(name="base_job", node=Job)
+    cs.store(group="model", name="base_model", node=ModelConfig)
+    cs.store(group="parallelism", name="base_parallelism", node=ParallelismConfig)
+    cs.store(group="cluster", name="base_cluster", node=ClusterConfig)
+    cs.store(group="training", name="base_training", node=TrainingConfig)
+    cs.store(group="data", name="base_data", node=DataConfig)
+    return cs

@@ -1,0 +1,88 @@
+"""The run's machine-readable event log: ``<run_dir>/events.jsonl``.
+
+One JSON object per line, appended and flushed (and fsynced) per event, so a killed job
+leaves every event it emitted. The analysis reports join this with ``sacct`` records.
+
+Every record has ``time`` (unix seconds, float), ``event`` (a kind below), ``job_id``
+(``SLURM_JOB_ID`` or null), ``restart_count``, ``rank`` and ``host``; each kind adds fields:
+
+==================  ==============================================================
+event               extra fields
+==================  ==============================================================
+job_start           world_size, layout {tp,pp,vpp,cp,ep,dp}, train_iters
+resume              step, checkpoint, consumed_samples, from_layout
+resume_fallback     skipped (path), reason  -- a torn/corrupt checkpoint was passed over
+signal              signal (name), step
+checkpoint_saved    step, path, seconds, bytes, reason (interval|signal|final)
+checkpoint_interval interval, reasoning (Young/Daly)
+requeue             method (scontrol|exit_code), step
+stop                reason (zero_progress|max_restarts|crash|...), code, detail
+exit                reason (completed|requeue|signal|error), code, step
+train_end           step, consumed_samples
+==================  ==============================================================
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+
+class EventLog:
+    """Append-only JSON-lines writer; clock and identity are injected for tests."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        *,
+        rank: int = 0,
+        job_id: Optional[str] = None,
+        restart_count: int = 0,
+        clock: Callable[[], float] = time.time,
+        host: Optional[str] = None,
+        enabled: bool = True,
+    ) -> None:
+        self.path = Path(path)
+        self.rank = rank
+        self.job_id = job_id
+        self.restart_count = restart_count
+        self.clock = clock
+        self.host = host or socket.gethostname()
+        self.enabled = enabled
+
+    def emit(self, event: str, **fields: Any) -> dict:
+        record = {
+            "time": self.clock(),
+            "event": event,
+            "job_id": self.job_id,
+            "restart_count": self.restart_count,
+            "rank": self.rank,
+            "host": self.host,
+            **fields,
+        }
+        if self.enabled:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record, default=str) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        return record
+
+
+def read_events(path: str | os.PathLike) -> list[dict]:
+    """Read an event log, skipping lines that are not JSON objects (a torn last line)."""
+    out = []
+    p = Path(path)
+    if not p.exists():
+        return out
+    for line in p.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
