@@ -100,6 +100,7 @@ class ClusterConfig:
     checkpoint_root: str = ""  # '' = <run_dir>/checkpoints
     lustre_stripe_count: int = 0  # >0: `lfs setstripe -c N` on the checkpoint dir
     lustre_stripe_size: str = "4M"  # `lfs setstripe -S`
+    python: str = "python3"  # interpreter on the compute nodes, after modules/setup
     modules: List[str] = field(default_factory=list)  # `module load` lines
     setup: List[str] = field(default_factory=list)  # extra shell lines before srun (venv activation ...)
     env: Dict[str, str] = field(default_factory=dict)  # exported before srun (NCCL_*, UCX_*, ...)
