@@ -1,0 +1,212 @@
+"""The front door: ``python launch/pretrain.py cluster=lustre model=30b [k=v ...]``.
+
+``main(cfg)`` is thin on purpose (tests call it with a composed config and a fake runner):
+compose → (planner for ``parallelism=auto``) → check → refuse with every reason, or write the
+run directory and render + submit (``dry_run=true``: print, write and submit nothing; the
+``local`` launcher runs the ranks on this machine instead). With ``-m`` (Hydra multirun) each
+sweep member is checked on its own: an invalid one is recorded as refused and skipped, a valid
+one is submitted and left running (submit-and-detach), and all of them are appended to the
+sweep registry ``<cluster.run_root>/sweeps/<sweep id>.jsonl``.
+
+This path runs on login nodes: it must never import torch or megatron (tested in
+``tests/test_pretrain_cli.py``). The local launcher's module is imported inside its branch.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Optional, TextIO
+
+if __package__ in (None, ""):  # run as a script: make the repository importable, not launch/ itself
+    _ROOT = str(Path(__file__).resolve().parent.parent)
+    sys.path[:] = [_ROOT] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+from omegaconf import DictConfig  # noqa: E402
+
+from launch.check import _optional, check, notes  # noqa: E402
+from launch.compose import job_to_yaml, load_job, to_job  # noqa: E402
+from launch.config import Job  # noqa: E402
+from launch.problems import Problem, format_problems  # noqa: E402
+
+EXIT_REFUSED = 2
+EXIT_SUBMIT_FAILED = 1
+
+
+@dataclass
+class SweepMember:
+    """Where one Hydra multirun member sits in its sweep."""
+
+    sweep_id: str  # one id for the whole `-m` invocation
+    job_num: int  # Hydra's hydra.job.num
+    overrides: list[str] = field(default_factory=list)  # this member's task overrides
+
+
+def member_job(job: Job, member: SweepMember) -> Job:
+    """Give a sweep member its own run name (``<name>_<layout>_<num>``) unless it set run.name."""
+    if any(o.split("=", 1)[0].lstrip("+~") == "run.name" for o in member.overrides):
+        return job
+    name = f"{job.run.name}_{job.parallelism.name}_{member.job_num}"
+    return replace(job, run=replace(job.run, name=name))
+
+
+def shape_problems(job: Job, run_dir: Path) -> list[Problem]:
+    """Same run name = same run: continuing is allowed, a different model shape is not."""
+    path = run_dir / "config.yaml"
+    if not path.exists():
+        return []
+    try:
+        old = load_job(path)
+    except Exception as exc:  # a foreign or corrupt file: do not overwrite it
+        return [Problem("run.name", "the run directory has a config.yaml that cannot be read",
+                        f"{path}: {exc}", "pick a new run.name or repair that file")]
+    if old.model == job.model:
+        return []
+    changed = [k for k, v in asdict(job.model).items() if asdict(old.model).get(k) != v]
+    return [Problem(
+        "run.name", "this run already exists with a different model shape; its checkpoints cannot be resumed",
+        ", ".join(f"model.{k}: {asdict(old.model).get(k)!r} -> {asdict(job.model)[k]!r}" for k in changed),
+        "pick a new run.name for a new model, or drop the model overrides to continue the run")]
+
+
+def _commented(text: str) -> str:
+    return "\n".join(f"# {line}".rstrip() for line in text.rstrip("\n").splitlines())
+
+
+def _estimate(job: Job) -> Any:
+    planner = _optional("launch.planner")
+    if planner is None or not hasattr(planner, "estimate"):
+        return None
+    try:
+        est = planner.estimate(job)
+    except Exception as exc:  # an estimate is informative only; never block the registry on it
+        return {"error": str(exc)}
+    return asdict(est) if is_dataclass(est) else est
+
+
+def record_member(job: Job, member: SweepMember, *, status: str, run_dir: Path, job_id: Optional[str] = None,
+                  reasons: Optional[list[str]] = None, clock: Callable[[], float] = time.time) -> Path:
+    """Append one line to ``<cluster.run_root>/sweeps/<sweep id>.jsonl``."""
+    import json
+
+    path = Path(job.cluster.run_root) / "sweeps" / f"{member.sweep_id}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entry = {"sweep_id": member.sweep_id, "job_num": member.job_num, "time": clock(), "run_name": job.run.name,
+             "run_dir": str(run_dir), "job_id": job_id, "layout": job.parallelism.name,
+             "overrides": list(member.overrides), "status": status, "reasons": reasons or []}
+    if status == "submitted":
+        est = _estimate(job)
+        if est is not None:
+            entry["estimate"] = est
+    with open(path, "a") as fh:
+        fh.write(json.dumps(entry, sort_keys=True, default=str) + "\n")
+    return path
+
+
+def main(cfg: DictConfig, *, runner: Callable[..., Any] = subprocess.run, out: TextIO = sys.stdout,
+         err: TextIO = sys.stderr, sweep: Optional[SweepMember] = None) -> int:
+    """Check, then dry-run / run locally / submit one composed job; returns the exit code."""
+    job = to_job(cfg)
+    if job.parallelism.name == "auto":
+        planner = _optional("launch.planner")
+        if planner is None or not hasattr(planner, "choose_layout"):
+            print("refused: parallelism=auto needs launch/planner.py (choose_layout); pick a layout instead",
+                  file=err)
+            return 0 if sweep else EXIT_REFUSED
+        job, table = planner.choose_layout(job)
+        print(table, file=err)
+    if sweep is not None:
+        job = member_job(job, sweep)
+    run_dir = Path(job.run_dir).absolute()
+    problems = check(job)
+    problems += shape_problems(job, run_dir)
+    if problems:
+        print(format_problems(problems), file=err)
+        if sweep is not None:
+            if not job.dry_run:
+                record_member(job, sweep, status="refused", run_dir=run_dir, reasons=[str(p) for p in problems])
+            return 0  # a sweep skips an invalid combination and goes on with the next
+        return EXIT_REFUSED
+    for note in notes(job):
+        print(f"note: {note}", file=err)
+    if job.dry_run:
+        return _dry_run(job, run_dir, out)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(job_to_yaml(job))
+    if job.cluster.launcher == "local":
+        from launch import local  # spawns the ranks (which import torch); this process does not
+
+        return int(local.run(job, run_dir))
+    from launch.submit import SubmitError, submit
+
+    try:
+        subs = submit(job, run_dir, runner=runner)
+    except SubmitError as exc:
+        print(f"submission failed: {exc}", file=err)
+        if sweep is not None:
+            record_member(job, sweep, status="failed", run_dir=run_dir, reasons=[str(exc)])
+            return 0
+        return EXIT_SUBMIT_FAILED
+    ids = ", ".join(s.job_id or "?" for s in subs)
+    print(f"submitted job {ids}  run {job.run.name}  dir {run_dir}", file=out)
+    if sweep is not None:
+        record_member(job, sweep, status="submitted", run_dir=run_dir, job_id=subs[0].job_id)
+    return 0
+
+
+def _dry_run(job: Job, run_dir: Path, out: TextIO) -> int:
+    """Print what would be submitted; stdout stays a valid shell script (config as comments)."""
+    if job.cluster.launcher == "local":
+        print(f"# local launcher: {job.world_size} processes on this machine, run dir {run_dir}", file=out)
+    else:
+        from launch.render import render
+
+        print(render(job, run_dir), end="", file=out)
+    print(f"# ---- composed config ({run_dir}/config.yaml); dry run: nothing written or submitted ----", file=out)
+    print(_commented(job_to_yaml(job)), file=out)
+    return 0
+
+
+def quiet_hydra_overrides(argv: list[str]) -> list[str]:
+    """Hydra defaults for a login-node tool: no outputs/ or multirun/ folders, no log files.
+
+    The run directory is the record of a run; Hydra's own output folders would only litter
+    the working directory (and be written even when the job is refused). A user override of
+    the same key wins (it is not added).
+    """
+    wanted = {"hydra.output_subdir": "null", "hydra.run.dir": ".", "hydra.sweep.dir": ".",
+              "hydra.sweep.subdir": ".", "hydra/job_logging": "disabled", "hydra/hydra_logging": "disabled"}
+    given = {a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a}
+    return [f"{k}={v}" for k, v in wanted.items() if k not in given]
+
+
+def sweep_member(sweep_id: str) -> Optional[SweepMember]:
+    """This Hydra job's place in a multirun, or None for a single run."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    hc = HydraConfig.get()
+    if hc.mode != RunMode.MULTIRUN:
+        return None
+    return SweepMember(sweep_id=sweep_id, job_num=int(hc.job.num), overrides=list(hc.overrides.task))
+
+
+if __name__ == "__main__":
+    import hydra
+
+    from launch.config import register_configs
+
+    register_configs()
+    sys.argv[1:1] = quiet_hydra_overrides(sys.argv[1:])
+    _sweep_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{os.getpid()}"
+    _rc = [0]
+
+    @hydra.main(config_path="../hydra_conf", config_name="config", version_base="1.3")
+    def _entry(cfg: DictConfig) -> None:
+        _rc[0] = main(cfg, sweep=sweep_member(_sweep_id))
+
+    _entry()
+    sys.exit(_rc[0])

@@ -1,0 +1,2 @@
+# ---- site setup lines (cluster.setup; trusted shell, not quoted) ----
+{{setup_lines}}

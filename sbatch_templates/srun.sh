@@ -1,0 +1,13 @@
+# ---- the training step: one task per GPU, each task is one rank ----
+# Why no torchrun: an extra launcher between Slurm and the ranks swallows or delays Slurm's
+# signals. Why --signal=USR2@lead without "B:": with B: Slurm signals only the batch shell, which
+# would have to forward it; without it, Slurm delivers USR2 to every task of the step, i.e. to
+# every training rank, whose handler sets a stop flag that the ranks agree on at the next step.
+# --kill-on-bad-exit=1: one failed rank ends the step instead of leaving the others hanging in a
+# collective. Exit 42 from the ranks means "checkpointed, requeue me" (see recovery/).
+set +e
+srun {{srun_args}} {{python}} -u -m launch.worker "$RUN_DIR"
+rc=$?
+set -e
+echo "slurmtron: srun exited $rc"
+exit $rc
