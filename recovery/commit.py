@@ -1,0 +1,282 @@
+"""The checkpoint commit protocol: a checkpoint either exists completely and verified, or not at all.
+
+Every rank writes its shards (Megatron-Core ``dist_checkpointing``) into a *staging*
+directory ``<root>/iter_NNNNNNN.tmp``. When all ranks are done (a barrier in the worker),
+rank 0 alone calls :func:`commit`, which:
+
+1. fsyncs every file (torch's ``FileSystemWriter`` already fsyncs its own files on each
+   rank; doing it again on rank 0 costs little and also covers ``common.pt`` and anything
+   written without ``sync_files``), hashing each on the way (several threads: hashlib
+   releases the GIL), then fsyncs every directory of the staging tree;
+2. writes ``manifest.json`` (format version, step, the worker's ``meta``, and per file its
+   size and BLAKE2b-256 digest; see :func:`recovery.storage.new_hasher` for why BLAKE2b)
+   and fsyncs it and the staging directory;
+3. if ``iter_NNNNNNN`` already exists (an earlier attempt saved the same step, then its
+   successor was found corrupt or the run was rewound), moves it aside to
+   ``iter_NNNNNNN.old`` first: POSIX cannot rename a directory over a non-empty one;
+4. renames staging -> ``iter_NNNNNNN`` atomically and fsyncs the parent;
+5. removes the ``.old`` copy (a kill before that leaves it; resume loads it if the final name
+   is missing, and the next save renames it back, :func:`restore_set_aside`);
+6. only then points ``<root>/latest`` at it (write ``latest.tmp``, fsync, rename, fsync);
+7. prunes to the newest ``keep`` checkpoints whose manifest checks out (never the one
+   ``latest`` names, never the one just written), and stale ``.tmp``/``.old`` leftovers.
+
+A crash between any two of these steps leaves either the previous state or the new one:
+:func:`recovery.resume.find_latest_verified` only considers ``iter_NNNNNNN`` directories with
+a manifest whose files all check out, and treats ``latest`` as a hint. Torn saves (a kill
+during step 1 or 2) stay under ``.tmp`` and are never loaded; ``tests/test_recovery_commit.py``
+crashes the protocol after every single storage operation to show it.
+
+No torch here: the login node and the analysis tools verify checkpoints too.
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from recovery.storage import HASH_NAME, LocalStorage
+
+MANIFEST = "manifest.json"
+LATEST = "latest"
+FORMAT = "slurmtron-checkpoint"
+FORMAT_VERSION = 1
+STAGING_SUFFIX = ".tmp"
+ASIDE_SUFFIX = ".old"
+_DIR_RE = re.compile(r"^iter_(\d{7,})(\.tmp|\.old)?$")
+
+
+@dataclass
+class CommitResult:
+    """What :func:`commit` did; the worker logs it in the ``checkpoint_saved`` event."""
+
+    path: Path  # the final directory iter_NNNNNNN
+    bytes: int  # payload bytes (all files, manifest excluded)
+    seconds: float  # time spent in commit (fsync + hash + renames + prune), by the injected clock
+    files: int  # payload files
+    pruned: list = field(default_factory=list)  # directories removed by the prune
+
+
+def dir_name(step: int) -> str:
+    return "iter_%07d" % step
+
+
+def staging_path(root: Path, step: int) -> Path:
+    return Path(root) / (dir_name(step) + STAGING_SUFFIX)
+
+
+def final_path(root: Path, step: int) -> Path:
+    return Path(root) / dir_name(step)
+
+
+def parse_dir_name(name: str) -> Optional[tuple[int, str]]:
+    """``iter_0000010`` -> (10, ''), ``iter_0000010.tmp`` -> (10, '.tmp'); None for anything else."""
+    m = _DIR_RE.match(name)
+    if not m:
+        return None
+    return int(m.group(1)), m.group(2) or ""
+
+
+def prepare_staging(root: Path, step: int, *, storage: Optional[LocalStorage] = None) -> Path:
+    """Rank 0, before any rank writes: an empty staging directory for ``step``.
+
+    A staging directory left by a save that was killed is removed first, so no shard of the
+    torn save can end up in the new one.
+    """
+    st = storage or LocalStorage()
+    path = staging_path(root, step)
+    st.makedirs(Path(root))
+    restore_set_aside(root, storage=st)
+    if st.exists(path):
+        st.remove_tree(path)
+    st.makedirs(path)
+    st.fsync_dir(Path(root))
+    return path
+
+
+def restore_set_aside(root: Path, *, storage: Optional[LocalStorage] = None) -> list[Path]:
+    """Rename each ``iter_N.old`` whose ``iter_N`` is missing back to ``iter_N``.
+
+    That state means a re-save of step N was killed between moving the committed checkpoint
+    aside and renaming the new one in: the ``.old`` copy is still a complete, committed
+    checkpoint (resume would load it as it is), so it gets its name back before the next
+    save, and the prune does not treat it as garbage.
+    """
+    st = storage or LocalStorage()
+    root = Path(root)
+    restored = []
+    for name in st.list_dir(root):
+        parsed = parse_dir_name(name)
+        if parsed and parsed[1] == ASIDE_SUFFIX and not st.exists(final_path(root, parsed[0])):
+            st.rename(root / name, final_path(root, parsed[0]))
+            restored.append(final_path(root, parsed[0]))
+    if restored:
+        st.fsync_dir(root)
+    return restored
+
+
+def build_manifest(step: int, meta: dict, files: dict, now: float) -> dict:
+    """The manifest document (kept separate so resume and tests share one definition)."""
+    return {
+        "format": FORMAT,
+        "version": FORMAT_VERSION,
+        "step": int(step),
+        "time": now,
+        "hash": HASH_NAME,
+        "meta": meta,
+        "files": files,
+    }
+
+
+def read_latest(root: Path, *, storage: Optional[LocalStorage] = None) -> Optional[str]:
+    """The directory name ``latest`` points at, or None (missing/unreadable). Only a hint."""
+    st = storage or LocalStorage()
+    try:
+        name = st.read_text(Path(root) / LATEST).strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return name if parse_dir_name(name) and not parse_dir_name(name)[1] else None
+
+
+def commit(
+    root: Path,
+    step: int,
+    meta: dict,
+    *,
+    keep: int,
+    storage: Optional[LocalStorage] = None,
+    clock: Callable[[], float] = time.monotonic,
+    wall_clock: Callable[[], float] = time.time,
+    hash_threads: int = 4,
+) -> CommitResult:
+    """Rank 0, after every rank finished writing into :func:`staging_path`: make it durable.
+
+    ``meta`` goes into the manifest verbatim (JSON-serialisable): the worker puts the
+    training state summary there (layout, optimizer type, consumed samples, ...), so resume
+    can refuse an incompatible checkpoint without opening the shards. ``keep`` >= 1.
+    """
+    if keep < 1:
+        raise ValueError(f"keep_checkpoints must be >= 1, got {keep}")
+    st = storage or LocalStorage()
+    root = Path(root)
+    t0 = clock()
+    staging = staging_path(root, step)
+    final = final_path(root, step)
+    if not st.is_dir(staging):
+        raise FileNotFoundError(f"no staging directory {staging}: call prepare_staging first")
+
+    rel_files = [f for f in st.list_files(staging) if f != MANIFEST]
+
+    def seal(rel: str) -> tuple[str, int, str]:
+        p = staging / rel
+        st.fsync_file(p)
+        n, digest = st.digest(p)
+        return rel, n, digest
+
+    with ThreadPoolExecutor(max_workers=max(1, hash_threads)) as pool:
+        sealed = list(pool.map(seal, rel_files))
+    files = {rel: {"size": n, "blake2b": d} for rel, n, d in sealed}
+    for d in st.list_subdirs(staging):
+        st.fsync_dir(d)
+
+    manifest = build_manifest(step, meta, files, wall_clock())
+    st.write_text(staging / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True, default=str))
+    st.fsync_dir(staging)
+
+    aside = Path(str(final) + ASIDE_SUFFIX)
+    if st.exists(final):
+        if st.exists(aside):
+            st.remove_tree(aside)
+        st.rename(final, aside)
+        st.fsync_dir(root)
+    st.rename(staging, final)
+    st.fsync_dir(root)
+    if st.exists(aside):
+        st.remove_tree(aside)
+
+    tmp = root / (LATEST + STAGING_SUFFIX)
+    st.write_text(tmp, final.name + "\n")
+    st.replace(tmp, root / LATEST)
+    st.fsync_dir(root)
+
+    pruned = prune(root, keep=keep, protect=(final.name,), storage=st)
+    return CommitResult(
+        path=final,
+        bytes=sum(n for _, n, _ in sealed),
+        seconds=clock() - t0,
+        files=len(sealed),
+        pruned=pruned,
+    )
+
+
+def prune(
+    root: Path,
+    *,
+    keep: int,
+    protect: tuple = (),
+    storage: Optional[LocalStorage] = None,
+) -> list[Path]:
+    """Keep the newest ``keep`` checkpoints whose manifest and file sizes check out.
+
+    Removed: final checkpoints older than the oldest one kept, and every ``.tmp`` leftover of a
+    killed save, and ``.old`` copies whose step has a final checkpoint again
+    (:func:`restore_set_aside` runs first) (only rank 0 writes, and only inside :func:`commit` or between
+    :func:`prepare_staging` and :func:`commit`, so no live save is touched). Never removed:
+    the target of ``latest`` and anything in ``protect``. A damaged checkpoint *newer* than
+    the kept ones stays for inspection; resume skips it. The check here is the cheap one
+    (manifest + sizes, ``deep=False``): re-hashing every kept checkpoint on every save would
+    cost a full read of K checkpoints.
+    """
+    from recovery.resume import verify  # local import: resume imports this module
+
+    st = storage or LocalStorage()
+    root = Path(root)
+    restore_set_aside(root, storage=st)
+    protected = set(protect)
+    latest = read_latest(root, storage=st)
+    if latest:
+        protected.add(latest)
+    finals: list[tuple[int, str]] = []
+    leftovers: list[str] = []
+    for name in st.list_dir(root):
+        parsed = parse_dir_name(name)
+        if parsed is None or not st.is_dir(root / name):
+            continue
+        step, suffix = parsed
+        if suffix:
+            leftovers.append(name)
+        else:
+            finals.append((step, name))
+    finals.sort(reverse=True)
+    kept: list[int] = []
+    for step, name in finals:
+        if len(kept) >= keep:
+            break
+        if verify(root / name, storage=st, deep=False) is None:
+            kept.append(step)
+    removed: list[Path] = []
+    if len(kept) >= keep:
+        oldest_kept = min(kept)
+        for step, name in finals:
+            if step < oldest_kept and name not in protected:
+                st.remove_tree(root / name)
+                removed.append(root / name)
+    for name in leftovers:
+        st.remove_tree(root / name)
+        removed.append(root / name)
+    if removed:
+        st.fsync_dir(root)
+    return removed
+
+
+def manifest_of(path: Path, *, storage: Optional[LocalStorage] = None) -> dict[str, Any]:
+    """Parse ``path/manifest.json`` (raises OSError/ValueError on a missing or bad one)."""
+    st = storage or LocalStorage()
+    doc = json.loads(st.read_text(Path(path) / MANIFEST))
+    if not isinstance(doc, dict):
+        raise ValueError("manifest is not a JSON object")
+    return doc

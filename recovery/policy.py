@@ -1,0 +1,320 @@
+"""The one requeue policy: when to start, when to stop, how to come back.
+
+Exit codes of ``python -m launch.worker`` (the Slurm step's exit code, the local launcher's
+relaunch decision and the analysis reports all read these):
+
+====  ====================  ==============================================================
+code  name                  meaning
+====  ====================  ==============================================================
+0     EXIT_COMPLETED        reached train_iters; final checkpoint committed
+1     EXIT_CRASH            an exception; Slurm's --requeue (node failure) or the local
+                            launcher restarts it, the zero-progress guard bounds the loop
+3     EXIT_ZERO_PROGRESS    refused to start: N consecutive restarts made no new checkpoint
+4     EXIT_MAX_RESTARTS     refused to start: restart count above training.max_restarts
+42    EXIT_REQUEUE          stop signal -> checkpoint committed -> asked Slurm to requeue
+====  ====================  ==============================================================
+
+How a stop becomes a requeue
+----------------------------
+Every rank handles the warning signal (SIGUSR2, ``--signal=USR2@<lead>``, delivered to the
+job steps, i.e. to each srun task directly) and SIGTERM (preemption, ``scancel``) by setting
+a flag (:mod:`recovery.signals`). At the next step boundary the ranks agree, save a
+distributed checkpoint and commit it; then rank 0 calls :func:`after_stop_save`, which runs
+``scontrol requeue $SLURM_JOB_ID`` and returns 42 for every rank to exit with.
+
+Why ``scontrol requeue`` from inside the job:
+
+* ``#SBATCH --requeue`` alone is not enough: Slurm requeues on NODE_FAIL (and preemption with
+  ``PreemptMode=REQUEUE``) but **not on TIMEOUT**: a job that hits its time limit ends
+  TIMEOUT with Restarts=0, so a wall-time-sliced run would simply stop. (Seen on Slurm 22.05;
+  ``../shared/notes/real-slurm-locally.md``.)
+* ``RequeueExit=42`` would requeue on our exit code, but it is a *site* setting in
+  slurm.conf that users cannot set and most clusters do not; a toolkit cannot rely on it.
+  We still exit 42, so a site that has it configured gets a second, independent trigger.
+* ``scontrol requeue`` is an ordinary user command on one's own job, keeps the job id,
+  increments ``SLURM_RESTART_COUNT`` (which the zero-progress guard and the restart limit
+  read) and with ``--open-mode=append`` keeps appending to the same log. It needs the job
+  to have been submitted requeue-able (the renderer adds ``--requeue``) and the site to
+  allow it (``cluster.requeue_allowed``; sites that forbid it use a dependency chain of
+  continuation jobs instead, ``run.dependency_chain``).
+
+SIGTERM: preemption vs scancel. Both deliver SIGTERM to the job steps, and a handler cannot
+tell them apart, so both take the same path: checkpoint, then ``scontrol requeue``.
+
+* Preemption (``PreemptMode=REQUEUE`` with ``GraceTime``): the steps get SIGTERM at once,
+  SIGKILL after the grace time. Slurm requeues the job itself *only if it does not fail
+  first*: a task that dies on the SIGTERM makes it FAILED (143), not requeued. Our ranks
+  catch SIGTERM, save within the grace time, and exit 42 after asking for the requeue, so
+  the job comes back either way. (To be confirmed on the real-Slurm test cluster.)
+* ``scancel`` (the job is being cancelled): Slurm refuses to requeue a job that is already
+  CANCELLED/COMPLETING, ``scontrol requeue`` fails, we log that and exit 42; the job stays
+  cancelled, and the checkpoint is there for a later resubmission. ``scancel --signal=USR2``
+  (or ``--signal=TERM``) *without* cancelling is the way to say "checkpoint and requeue now".
+
+Every decision here takes its environment, runner, clock and files as arguments.
+No torch: the renderer and planner import this module on the login node.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+EXIT_COMPLETED = 0
+EXIT_CRASH = 1
+EXIT_ZERO_PROGRESS = 3
+EXIT_MAX_RESTARTS = 4
+EXIT_REQUEUE = 42
+
+PROGRESS_FILE = "progress.json"
+FAILED_NODES_FILE = "failed_nodes.json"
+
+
+@dataclass
+class Decision:
+    """Whether a (re)start may train. ``code`` is the exit code when ``ok`` is False."""
+
+    ok: bool
+    reason: str  # "start" | "resume" | "zero_progress" | "max_restarts"
+    code: int = EXIT_COMPLETED
+    detail: str = ""
+
+
+def restart_count_from_env(env: Mapping[str, str]) -> int:
+    """``SLURM_RESTART_COUNT`` (set by Slurm on a requeued job), else ``SLURMTRON_RESTART_COUNT``
+    (set by the local launcher and by dependency-chain continuations), else 0."""
+    for key in ("SLURM_RESTART_COUNT", "SLURMTRON_RESTART_COUNT"):
+        raw = env.get(key)
+        if raw not in (None, ""):
+            try:
+                return max(0, int(str(raw).strip()))
+            except ValueError:
+                raise ValueError(f"{key}={raw!r} is not an integer") from None
+    return 0
+
+
+# ---- small JSON files written atomically ------------------------------------------------
+
+def _write_json_atomic(path: Path, doc: Any) -> None:
+    """Write-temp, fsync, rename: a kill leaves the old or the new file, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _read_json_list(path: Path) -> list:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return doc if isinstance(doc, list) else []
+
+
+# ---- start decision: restart limit and zero-progress guard -----------------------------
+
+def read_progress(run_dir: Path) -> list[dict]:
+    """The per-attempt start records, oldest first."""
+    return [r for r in _read_json_list(Path(run_dir) / PROGRESS_FILE) if isinstance(r, dict)]
+
+
+def start_decision(
+    run_dir: Path,
+    restart_count: int,
+    latest_step: Optional[int],
+    training: Any,
+    *,
+    clock: Callable[[], float] = time.time,
+    job_id: Optional[str] = None,
+) -> Decision:
+    """Rank 0, before building the model: may this attempt train?
+
+    Records the attempt (restart count, the step it resumes from) in
+    ``<run_dir>/progress.json``, then refuses when
+
+    * ``restart_count > training.max_restarts`` (reason ``max_restarts``, exit 4), or
+    * the last ``training.zero_progress_restarts`` consecutive restarts all started from the
+      same checkpoint step as the attempt before them (or all from none): those restarts
+      made no new checkpoint, so another one will not either (a deterministic crash, a
+      wall-time slice shorter than a save interval with no signal, a bad node). Reason
+      ``zero_progress``, exit 3. This is what stops the endless requeue loop of
+      Megatron-Bridge PR #4765.
+
+    A record with restart count 0 is a fresh submission: it starts a new chain, so a user
+    who fixed the cause and resubmits is not refused. (Continuation jobs of a dependency
+    chain export ``SLURMTRON_RESTART_COUNT`` so they count as restarts.)
+    ``zero_progress_restarts <= 0`` disables the guard.
+    """
+    run_dir = Path(run_dir)
+    records = read_progress(run_dir)
+    record = {
+        "time": clock(),
+        "restart_count": int(restart_count),
+        "latest_step": latest_step,
+        "job_id": job_id,
+    }
+    max_restarts = int(getattr(training, "max_restarts"))
+    n = int(getattr(training, "zero_progress_restarts"))
+    decision: Decision
+    if restart_count > max_restarts:
+        decision = Decision(
+            ok=False, reason="max_restarts", code=EXIT_MAX_RESTARTS,
+            detail=f"restart count {restart_count} > training.max_restarts {max_restarts}; "
+                   f"raise training.max_restarts or find out why the job keeps stopping",
+        )
+    else:
+        chain = _current_chain(records + [record])
+        same = 0  # consecutive restarts (newest first) that started where their predecessor did
+        for prev, cur in zip(reversed(chain[:-1]), reversed(chain[1:])):
+            if cur["latest_step"] == prev["latest_step"]:
+                same += 1
+            else:
+                break
+        where = "no checkpoint" if latest_step is None else f"checkpoint step {latest_step}"
+        if n > 0 and restart_count > 0 and same >= n:
+            decision = Decision(
+                ok=False, reason="zero_progress", code=EXIT_ZERO_PROGRESS,
+                detail=f"the last {same} consecutive restarts all started from {where}: no new "
+                       f"checkpoint was written in between (training.zero_progress_restarts={n}). "
+                       f"A deterministic crash, a time limit shorter than one checkpoint interval "
+                       f"without a warning signal, or a bad node; see the logs and events.jsonl",
+            )
+        else:
+            decision = Decision(
+                ok=True, reason="resume" if latest_step is not None else "start",
+                detail=f"restart {restart_count}/{max_restarts} from {where}; "
+                       f"{same} consecutive restart(s) without progress (limit {n})",
+            )
+    record["decision"] = decision.reason
+    _write_json_atomic(run_dir / PROGRESS_FILE, records + [record])
+    return decision
+
+
+def _current_chain(records: list[dict]) -> list[dict]:
+    """The records since (and including) the newest fresh submission (restart count 0)."""
+    start = 0
+    for i, r in enumerate(records):
+        if int(r.get("restart_count") or 0) == 0:
+            start = i
+    return records[start:]
+
+
+# ---- after the stop checkpoint ----------------------------------------------------------
+
+def after_stop_save(
+    signum: int,
+    env: Mapping[str, str],
+    runner: Callable[..., Any] = subprocess.run,
+    *,
+    requeue_allowed: bool = True,
+    events: Any = None,
+    step: Optional[int] = None,
+) -> int:
+    """Rank 0, once the stop checkpoint is committed: ask Slurm for a requeue; return the exit code.
+
+    Under Slurm (``SLURM_JOB_ID`` set) with ``requeue_allowed``, runs
+    ``scontrol requeue <job id>`` (see the module docstring for why, and for SIGTERM from
+    preemption vs ``scancel``). Outside Slurm there is nothing to call: the local launcher
+    relaunches on exit 42. Returns :data:`EXIT_REQUEUE` in every case, so every rank exits
+    42 and a site's ``RequeueExit=42`` also works. If ``events`` (an
+    :class:`recovery.events.EventLog`) is given, emits ``requeue`` with the method used.
+    """
+    job_id = env.get("SLURM_JOB_ID") or ""
+    name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else str(signum)
+    method = "exit_code"
+    detail = ""
+    if job_id and requeue_allowed:
+        try:
+            proc = runner(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+            rc = getattr(proc, "returncode", 0)
+            if rc == 0:
+                method = "scontrol"
+            else:
+                detail = f"scontrol requeue {job_id} failed (rc {rc}): " \
+                         f"{(getattr(proc, 'stderr', '') or '').strip()[:300]}"
+        except (OSError, subprocess.SubprocessError) as e:
+            detail = f"scontrol requeue {job_id} could not run: {e}"
+    elif job_id:
+        detail = "cluster.requeue_allowed is false: not requeueing (dependency chain continues)"
+    else:
+        detail = "not under Slurm: the local launcher relaunches on exit 42"
+    if events is not None:
+        events.emit("requeue", method=method, step=step, signal=name, job_id_requeued=job_id or None,
+                    detail=detail)
+    return EXIT_REQUEUE
+
+
+# ---- failed nodes -------------------------------------------------------------------------
+
+def record_failed_node(
+    run_dir: Path,
+    host: str,
+    reason: str,
+    *,
+    clock: Callable[[], float] = time.time,
+    job_id: Optional[str] = None,
+) -> list[dict]:
+    """Append ``{"host","reason","time","job_id"}`` to ``<run_dir>/failed_nodes.json``.
+
+    The renderer turns the hosts into ``--exclude`` for the next submission, so a node that
+    crashed a rank (ECC errors, a dead NIC) does not take the requeued job down again.
+    ``job_id`` defaults to ``SLURM_JOB_ID`` from the environment. Returns the new list.
+    """
+    if not host:
+        raise ValueError("record_failed_node: host is empty")
+    path = Path(run_dir) / FAILED_NODES_FILE
+    nodes = failed_nodes(run_dir)
+    nodes.append({
+        "host": host,
+        "reason": reason,
+        "time": clock(),
+        "job_id": job_id if job_id is not None else os.environ.get("SLURM_JOB_ID"),
+    })
+    _write_json_atomic(path, nodes)
+    return nodes
+
+
+def failed_nodes(run_dir: Path) -> list[dict]:
+    """The recorded failures, oldest first ([] if none or unreadable)."""
+    return [n for n in _read_json_list(Path(run_dir) / FAILED_NODES_FILE)
+            if isinstance(n, dict) and n.get("host")]
+
+
+# ---- lead time -------------------------------------------------------------------------------
+
+def lead_time_warning(lead_s: float, step_s: float, save_s: float) -> Optional[str]:
+    """A warning when the signal lead time cannot fit the rest of a step plus a save.
+
+    After the warning signal, the worst case is that the current step has just begun: it
+    must finish (``step_s``), then the stop checkpoint must be written and committed
+    (``save_s``), all before Slurm's SIGKILL at the time limit. None when it fits.
+    """
+    need = step_s + save_s
+    if lead_s >= need:
+        return None
+    suggest = int(-(-need * 1.5 // 1))
+    return (
+        f"signal lead time {lead_s:g} s < one step {step_s:.1f} s + one save {save_s:.1f} s = "
+        f"{need:.1f} s: the job can be killed before its stop checkpoint is durable, losing the "
+        f"work since the last periodic checkpoint; set training.signal_lead_time_s >= {suggest} "
+        f"(1.5 x {need:.1f} s)"
+    )
