@@ -1,0 +1,42 @@
+"""Shared fixtures. Keep this file small: session fixtures and generic helpers only."""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from slurm_cluster import Cluster, missing_binaries, start, stop
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[Cluster]:
+    """A real local Slurm cluster (see tests/slurm_cluster.py), started once per session.
+
+    Only tests that request it (the ``slurm``-marked ones) start it, so a plain unit-test run
+    never touches Slurm. Its state lives in a short temporary directory (unix socket paths
+    must stay under 108 characters); set SLURMTRON_KEEP_CLUSTER=1 to keep it for debugging.
+    """
+    if missing_binaries() and os.geteuid() != 0:
+        pytest.skip(f"Slurm is not installed ({missing_binaries()}) and installing it needs root")
+    root = Path(tempfile.mkdtemp(prefix="stc-"))
+    cluster = start(root)
+    try:
+        yield cluster
+    finally:
+        stop(root)
+        if not os.environ.get("SLURMTRON_KEEP_CLUSTER"):
+            shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
+    """On a failed test that used the cluster, attach the daemon logs so CI failures are diagnosable."""
+    outcome = yield
+    rep = outcome.get_result()
+    cluster = getattr(item, "funcargs", {}).get("slurm_cluster")
+    if rep.failed and isinstance(cluster, Cluster):
+        rep.sections.append(("slurm daemon logs", cluster.diagnostics()))
