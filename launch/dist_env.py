@@ -1,0 +1,130 @@
+"""Who am I in the job: rank, local rank, world size, node list, rendezvous address.
+
+Two sources, checked in this order:
+
+* the Slurm task environment (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``,
+  ``SLURM_JOB_NODELIST``): every ``srun`` task is one rank, no torchrun in between, so
+  signals reach the trainer directly;
+* torchrun-style variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
+  ``MASTER_PORT``), which the ``cluster=local`` launcher sets.
+
+Explicit ``MASTER_ADDR``/``MASTER_PORT`` win over anything derived, so a site can pin them
+in the rendered script. Pure functions over an ``env`` mapping; the hostname expander and
+resolver are injected so tests need no Slurm and no DNS.
+"""
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from typing import Callable, List, Mapping, Optional
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """One rank's place in the job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    nodes: List[str] = field(default_factory=list)
+    source: str = "single"  # slurm | torchrun | single
+
+    @property
+    def init_method(self) -> str:
+        return f"tcp://{self.master_addr}:{self.master_port}"
+
+
+def expand_nodelist(nodelist: str) -> List[str]:
+    """Expand Slurm's compressed host list (``node[01-03,7],gpu-a``) without calling Slurm.
+
+    Handles one bracket group per name, which is what Slurm emits for a job's nodes; for
+    anything fancier :func:`scontrol_hostnames` asks ``scontrol show hostnames``.
+    """
+    out: List[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", nodelist):
+        part = part.strip()
+        if not part:
+            continue
+        m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
+        if not m:
+            out.append(part)
+            continue
+        prefix, ranges, suffix = m.groups()
+        for rng in ranges.split(","):
+            if "-" in rng:
+                lo, hi = rng.split("-", 1)
+                width = len(lo)
+                for i in range(int(lo), int(hi) + 1):
+                    out.append(f"{prefix}{i:0{width}d}{suffix}")
+            else:
+                out.append(f"{prefix}{rng}{suffix}")
+    return out
+
+
+def scontrol_hostnames(nodelist: str, runner: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> List[str]:
+    """``scontrol show hostnames`` when available; the built-in parser otherwise."""
+    try:
+        res = runner(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return expand_nodelist(nodelist)
+    if res.returncode != 0 or not res.stdout.strip():
+        return expand_nodelist(nodelist)
+    return res.stdout.split()
+
+
+def resolve_address(host: str, resolver: Callable[[str], str] = socket.gethostbyname) -> str:
+    """A rendezvous address every rank can reach: the host's IP, or the name if DNS fails."""
+    try:
+        return resolver(host)
+    except OSError:
+        return host
+
+
+def default_port(job_id: Optional[str]) -> int:
+    """A port derived from the job id, so concurrent jobs sharing a node do not collide."""
+    if job_id and job_id.isdigit():
+        return 20000 + int(job_id) % 20000
+    return 29500
+
+
+def from_env(
+    env: Mapping[str, str],
+    *,
+    expand: Callable[[str], List[str]] = expand_nodelist,
+    resolver: Callable[[str], str] = resolve_address,
+) -> DistEnv:
+    """Read this rank's place from Slurm's or torchrun's variables (see the module docstring)."""
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "RANK" not in env:
+        nodes = expand(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "") or ["127.0.0.1"]
+        addr = env.get("MASTER_ADDR") or resolver(nodes[0])
+        port = int(env.get("MASTER_PORT") or default_port(env.get("SLURM_JOB_ID")))
+        return DistEnv(
+            rank=int(env["SLURM_PROCID"]),
+            world_size=int(env["SLURM_NTASKS"]),
+            local_rank=int(env.get("SLURM_LOCALID", "0")),
+            master_addr=addr,
+            master_port=port,
+            nodes=nodes,
+            source="slurm",
+        )
+    if "RANK" in env and "WORLD_SIZE" in env:
+        addr = env.get("MASTER_ADDR", "127.0.0.1")
+        return DistEnv(
+            rank=int(env["RANK"]),
+            world_size=int(env["WORLD_SIZE"]),
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            master_addr=resolver(addr),
+            master_port=int(env.get("MASTER_PORT", "29500")),
+            nodes=[addr],
+            source="torchrun",
+        )
+    return DistEnv(0, 1, 0, "127.0.0.1", int(env.get("MASTER_PORT", "29500")), ["127.0.0.1"], "single")
+
+
+def backend(cuda_available: bool) -> str:
+    """NCCL when CUDA is present, gloo otherwise."""
+    return "nccl" if cuda_available else "gloo"

@@ -1,0 +1,186 @@
+"""Distributed checkpoints of model + optimizer + training state (Megatron-Core dist_checkpointing).
+
+Layout of one checkpoint (``torch_dist`` format, written by every rank into the staging
+directory of :mod:`recovery.commit`, then committed by rank 0)::
+
+    iter_0000010/  __0_0.distcp ...   model and optimizer shards (dist_checkpointing)
+                   common.pt          the common state below
+                   metadata.json      dist_checkpointing's own
+                   manifest.json      recovery.commit: checksums + the worker's meta
+
+The common state holds ``training_state`` (step, consumed samples, restart count, seed,
+layout, optimizer type) and ``opt_param_scheduler``. RNG states are not stored: the loop
+re-seeds every RNG from (seed, step) at each step (:func:`launch.train_loop.seed_step`),
+which makes a resume bitwise equal to an uninterrupted run in *any* layout.
+
+The distributed optimizer (Megatron-Core 0.16 without Apex/TE) has three load bugs that
+:func:`fix_distributed_optimizer_load` and the two helpers below work around
+(``../shared/notes/megatron-core-on-cpu.md``):
+
+(a) ``state_dict()`` on a fresh optimizer asserts ``len(steps) == 1``: :func:`prime_optimizer_state`;
+(b) loading copies every live state key, including ``step``, which the checkpoint lacks
+    (``KeyError: 'step'``): the patched ``_set_main_param_and_optimizer_states`` skips it;
+(c) silently, after loading every parameter shares ONE ``step`` tensor, which torch Adam
+    increments once per parameter per step: :func:`unshare_step` gives each its own copy.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+from megatron.core import dist_checkpointing
+
+DIST_OPT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+
+
+class CheckpointMismatch(RuntimeError):
+    """A checkpoint this job must not load (written by the other optimizer type)."""
+
+
+def inner_optimizers(optimizer: Any) -> List[Any]:
+    """The Megatron optimizers inside a ChainedOptimizer (or the optimizer itself)."""
+    return list(getattr(optimizer, "chained_optimizers", None) or [optimizer])
+
+
+def _is_distributed(opt: Any) -> bool:
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    return isinstance(opt, DistributedOptimizer)
+
+
+def fix_distributed_optimizer_load() -> None:
+    """Bug (b): when restoring param state, keep live keys the checkpoint does not carry."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    if getattr(DistributedOptimizer, "_slurmtron_load_fix", False):
+        return
+
+    def _set_main_param_and_optimizer_states(self, model_param, tensors):
+        group_index, group_order = self.model_param_group_index_map[model_param]
+        if self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+            return original(self, model_param, tensors)
+        main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+        dst = {"param": main_param, **self.optimizer.state[main_param]}
+        for key, value in tensors.items():
+            if key in dst:
+                dst[key].copy_(value)
+
+    original = DistributedOptimizer._set_main_param_and_optimizer_states
+    DistributedOptimizer._set_main_param_and_optimizer_states = _set_main_param_and_optimizer_states
+    DistributedOptimizer._slurmtron_load_fix = True
+
+
+def prime_optimizer_state(optimizer: Any) -> None:
+    """Bug (a): give a fresh distributed optimizer's inner Adam a zero state with ``step``."""
+    for opt in inner_optimizers(optimizer):
+        if not _is_distributed(opt):
+            continue
+        inner = opt.optimizer
+        for group in inner.param_groups:
+            for p in group["params"]:
+                if len(inner.state[p]) == 0:
+                    inner.state[p] = {
+                        "step": torch.tensor(0.0, dtype=torch.float32),
+                        "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
+                        "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format),
+                    }
+
+
+def unshare_step(optimizer: Any) -> None:
+    """Bug (c): one ``step`` tensor per parameter, as a fresh torch Adam has."""
+    for opt in inner_optimizers(optimizer):
+        inner = getattr(opt, "optimizer", None)
+        if inner is None:
+            continue
+        for state in inner.state.values():
+            if "step" in state and torch.is_tensor(state["step"]):
+                state["step"] = state["step"].detach().clone()
+
+
+def sharded_state(
+    chunks: List[torch.nn.Module],
+    optimizer: Any,
+    scheduler: Any,
+    training_state: Dict[str, Any],
+    *,
+    distributed_optimizer: bool,
+    is_loading: bool,
+) -> Dict[str, Any]:
+    """The state dict handed to dist_checkpointing (model keys taken from the unwrapped modules)."""
+    sd: Dict[str, Any] = {}
+    modules = [getattr(c, "module", c) for c in chunks]  # DDP prefixes keys with module.
+    if len(modules) == 1:
+        sd["model"] = modules[0].sharded_state_dict()
+    else:
+        for i, m in enumerate(modules):
+            sd[f"model{i}"] = m.sharded_state_dict()
+    if is_loading and distributed_optimizer:
+        prime_optimizer_state(optimizer)
+    metadata = DIST_OPT_METADATA if distributed_optimizer else None
+    sd["optimizer"] = optimizer.sharded_state_dict(sd, is_loading=is_loading, metadata=metadata)
+    sd["opt_param_scheduler"] = scheduler.state_dict()
+    sd["training_state"] = dict(training_state)
+    return sd
+
+
+@dataclass
+class Loaded:
+    """What a load restored besides the tensors (already copied into model and optimizer)."""
+
+    training_state: Dict[str, Any]
+    seconds: float
+
+
+def save_shards(path: Path, state: Dict[str, Any], *, distributed_optimizer: bool) -> None:
+    """Every rank: write its shards of ``state`` into ``path`` (an existing, empty directory)."""
+    dist_checkpointing.save(
+        state,
+        str(path),
+        content_metadata=DIST_OPT_METADATA if distributed_optimizer else None,
+    )
+
+
+def check_optimizer_type(saved: Dict[str, Any], distributed_optimizer: bool, path: Path) -> None:
+    """Refuse a checkpoint written by the other optimizer type (their formats are incompatible)."""
+    saved_dist = saved.get("distributed_optimizer")
+    if saved_dist is None or bool(saved_dist) == bool(distributed_optimizer):
+        return
+    kind = {True: "the distributed optimizer", False: "the ordinary optimizer"}
+    raise CheckpointMismatch(
+        f"{path} was written by {kind[bool(saved_dist)]} but this job uses {kind[bool(distributed_optimizer)]} "
+        f"(parallelism.distributed_optimizer={bool(distributed_optimizer)}); their optimizer states cannot be "
+        f"converted into each other. Set parallelism.distributed_optimizer={bool(saved_dist)} to resume this run."
+    )
+
+
+def load(
+    path: Path,
+    chunks: List[torch.nn.Module],
+    optimizer: Any,
+    scheduler: Any,
+    *,
+    distributed_optimizer: bool,
+    clock: Callable[[], float] = time.monotonic,
+) -> Loaded:
+    """Every rank: restore model, optimizer and scheduler from ``path`` (in any saved layout)."""
+    t0 = clock()
+    common = dist_checkpointing.load_common_state_dict(str(path))
+    check_optimizer_type(common.get("training_state", {}), distributed_optimizer, path)
+    fix_distributed_optimizer_load()
+    template = sharded_state(chunks, optimizer, scheduler, {}, distributed_optimizer=distributed_optimizer,
+                             is_loading=True)
+    state = dist_checkpointing.load(template, str(path))
+    modules = [getattr(c, "module", c) for c in chunks]
+    if len(modules) == 1:
+        modules[0].load_state_dict(state["model"])
+    else:
+        for i, m in enumerate(modules):
+            m.load_state_dict(state[f"model{i}"])
+    optimizer.load_state_dict(state["optimizer"])
+    unshare_step(optimizer)
+    scheduler.load_state_dict(state["opt_param_scheduler"])
+    return Loaded(training_state=dict(state.get("training_state") or common.get("training_state") or {}),
+                  seconds=clock() - t0)

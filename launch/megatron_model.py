@@ -1,0 +1,226 @@
+"""Our model config -> Megatron-Core: the ONE translator, the layer spec and the GPT model.
+
+:func:`to_transformer_config` is the only place where slurmtron's schema meets
+``TransformerConfig``. It is one explicit constructor call (no ``setattr`` loops), so a
+renamed Megatron field fails loudly here and in ``tests/test_translator.py``.
+
+Two choices differ from Megatron-LM's defaults, both so that a run's numbers do not
+depend on its layout (and therefore a checkpoint reshards and TP1 == TP2 == PP2):
+
+* :func:`padded_vocab_size` pads to a multiple of ``make_vocab_size_divisible_by`` (and of
+  tp), not of ``divisible_by * tp``; Megatron-LM's rule changes the embedding's global
+  shape with tp, which breaks loading a TP2 checkpoint under TP1.
+* :func:`init_layout_independent` draws every weight from a generator seeded by
+  (seed, global parameter name) on the full (unsharded) shape and keeps this rank's slice,
+  instead of Megatron's per-shard RNG streams, whose position depends on tp and on which
+  layers a pipeline stage holds.
+
+Dropout is 0 (as in Llama/Mixtral pretraining recipes), so training is deterministic.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from typing import List, Optional
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from launch.config import ModelConfig, ParallelismConfig, TrainingConfig
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def padded_vocab_size(model: ModelConfig, tp: int) -> int:
+    """Vocabulary padded to a multiple of ``make_vocab_size_divisible_by`` and of ``tp``."""
+    multiple = model.make_vocab_size_divisible_by
+    if multiple % tp:
+        multiple = multiple * tp // math.gcd(multiple, tp)
+    return int(math.ceil(model.vocab_size / multiple) * multiple)
+
+
+def params_dtype(training: TrainingConfig) -> torch.dtype:
+    if training.precision not in _DTYPES:
+        raise ValueError(f"training.precision={training.precision!r}; expected one of {sorted(_DTYPES)}")
+    return _DTYPES[training.precision]
+
+
+def _recompute(parallelism: ParallelismConfig) -> tuple[Optional[str], Optional[str], Optional[int]]:
+    if parallelism.recompute == "none":
+        return None, None, None
+    if parallelism.recompute == "selective":
+        return "selective", None, None
+    if parallelism.recompute == "full":
+        return "full", "uniform", 1
+    raise ValueError(f"parallelism.recompute={parallelism.recompute!r}; expected none | selective | full")
+
+
+def to_transformer_config(
+    model: ModelConfig,
+    parallelism: ParallelismConfig,
+    training: TrainingConfig,
+    *,
+    cuda: bool = False,
+) -> TransformerConfig:
+    """Translate the composed job into Megatron-Core's TransformerConfig.
+
+    ``cuda`` selects GPU initialization; on the CPU the weights are built on the CPU.
+    """
+    dtype = params_dtype(training)
+    granularity, method, num_layers = _recompute(parallelism)
+    if model.normalization not in ("RMSNorm", "LayerNorm"):
+        raise ValueError(f"model.normalization={model.normalization!r}; expected RMSNorm | LayerNorm")
+    moe = model.num_experts is not None and model.num_experts > 1
+    return TransformerConfig(
+        # shape
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        ffn_hidden_size=model.ffn_hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.num_query_groups,
+        kv_channels=model.kv_channels,
+        gated_linear_unit=model.swiglu,
+        activation_func=F.silu if model.swiglu else F.gelu,
+        normalization=model.normalization,
+        add_bias_linear=model.add_bias_linear,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=0.02,
+        # MoE
+        num_moe_experts=model.num_experts if moe else None,
+        moe_router_topk=model.moe_router_topk,
+        moe_ffn_hidden_size=(model.moe_ffn_hidden_size or model.ffn_hidden_size) if moe else None,
+        moe_token_dispatcher_type="alltoall" if moe else "allgather",
+        moe_aux_loss_coeff=1e-2 if moe else 0.0,
+        # parallelism
+        tensor_model_parallel_size=parallelism.tp,
+        pipeline_model_parallel_size=parallelism.pp,
+        virtual_pipeline_model_parallel_size=parallelism.vpp,
+        context_parallel_size=parallelism.cp,
+        expert_model_parallel_size=parallelism.ep,
+        sequence_parallel=parallelism.sequence_parallel,
+        account_for_embedding_in_pipeline_split=parallelism.account_for_embedding_in_pipeline_split,
+        account_for_loss_in_pipeline_split=parallelism.account_for_loss_in_pipeline_split,
+        recompute_granularity=granularity,
+        recompute_method=method,
+        recompute_num_layers=num_layers,
+        # precision and device
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=training.precision == "bf16",
+        fp16=training.precision == "fp16",
+        use_cpu_initialization=not cuda,
+        perform_initialization=False,  # init_layout_independent() does it
+        gradient_accumulation_fusion=False,
+        bias_activation_fusion=cuda and model.swiglu,
+        masked_softmax_fusion=cuda,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+    )
+
+
+def have_transformer_engine() -> bool:
+    try:
+        import transformer_engine  # noqa: F401
+    except Exception:  # ImportError, or a broken install raising at import
+        return False
+    return True
+
+
+def layer_spec(model: ModelConfig, *, use_te: bool):
+    """TransformerEngine spec when TE is importable (GPU), Megatron's local spec otherwise."""
+    from megatron.core.models.gpt import gpt_layer_specs as specs
+
+    experts = model.num_experts if (model.num_experts or 0) > 1 else None
+    if use_te:
+        return specs.get_gpt_layer_with_transformer_engine_spec(num_experts=experts, moe_grouped_gemm=False)
+    return specs.get_gpt_layer_local_spec(num_experts=experts, moe_grouped_gemm=False, normalization=model.normalization)
+
+
+def build_model_chunks(
+    model: ModelConfig, config: TransformerConfig, tp: int, *, use_te: bool, device: torch.device
+) -> List[torch.nn.Module]:
+    """One GPTModel per virtual pipeline stage held by this rank (one without vpp)."""
+    from megatron.core.models.gpt import GPTModel
+
+    spec = layer_spec(model, use_te=use_te)
+    vpp = config.virtual_pipeline_model_parallel_size
+    stages = range(vpp) if vpp else [None]
+    chunks = []
+    for vp in stages:
+        chunk = GPTModel(
+            config=config,
+            transformer_layer_spec=spec,
+            vocab_size=padded_vocab_size(model, tp),
+            max_sequence_length=model.max_position_embeddings or model.seq_length,
+            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
+            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
+            share_embeddings_and_output_weights=not model.untie_embeddings_and_output_weights,
+            position_embedding_type=model.position_embedding_type,
+            rotary_base=model.rotary_base,
+            parallel_output=True,
+            vp_stage=vp,
+        )
+        chunks.append(chunk.to(device))
+    return chunks
+
+
+def _global_names(chunk: torch.nn.Module, model: ModelConfig):
+    """(global name, param) for a chunk: local layer indices -> global ones, local experts -> global."""
+    ep_rank = parallel_state.get_expert_model_parallel_rank()
+    layer_names = {}
+    decoder = getattr(chunk, "decoder", None)
+    if decoder is not None:
+        for i, layer in enumerate(decoder.layers):
+            layer_names[f"decoder.layers.{i}."] = f"decoder.layers.{layer.layer_number - 1}."
+    for name, p in chunk.named_parameters():
+        gname = name
+        for local, glob in layer_names.items():
+            if name.startswith(local):
+                gname = glob + name[len(local):]
+                break
+        if ".local_experts." in gname:
+            head, tail = gname.split(".local_experts.", 1)
+            idx, rest = tail.split(".", 1)
+            n_local = (model.num_experts or 1) // parallel_state.get_expert_model_parallel_world_size()
+            gname = f"{head}.local_experts.{ep_rank * n_local + int(idx)}.{rest}"
+        if gname == "output_layer.weight" and not model.untie_embeddings_and_output_weights:
+            gname = "embedding.word_embeddings.weight"  # tied: the same values on both ends
+        yield gname, p
+
+
+def init_layout_independent(chunks: List[torch.nn.Module], model: ModelConfig, seed: int, std: float = 0.02) -> None:
+    """Draw each weight matrix from (seed, global name) on its full shape; keep this rank's slice.
+
+    Normal(0, std) like Megatron's ``init_method_normal``; the residual-output projections
+    (``linear_proj``, ``linear_fc2``) use ``std / sqrt(2 * num_layers)`` like its scaled
+    init. Norm weights (ones) and biases (zeros) are already layout independent.
+    """
+    scaled = std / math.sqrt(2.0 * model.num_layers)
+    for chunk in chunks:
+        for gname, p in _global_names(chunk, model):
+            if p.dim() < 2 or "norm" in gname.split(".")[-2] or gname.endswith("bias"):
+                continue
+            expert = not getattr(p, "allreduce", True)
+            if getattr(p, "tensor_model_parallel", False):
+                dim, stride = p.partition_dim, getattr(p, "partition_stride", 1)
+                if expert:
+                    rank = parallel_state.get_expert_tensor_parallel_rank()
+                    world = parallel_state.get_expert_tensor_parallel_world_size()
+                else:
+                    rank = parallel_state.get_tensor_model_parallel_rank()
+                    world = parallel_state.get_tensor_model_parallel_world_size()
+            else:
+                dim, stride, rank, world = 0, 1, 0, 1
+            full_shape = list(p.shape)
+            full_shape[dim] *= world
+            gen = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + zlib.crc32(gname.encode()))
+            s = scaled if gname.endswith(("linear_proj.weight", "linear_fc2.weight")) else std
+            full = torch.empty(full_shape, dtype=torch.float32).normal_(0.0, s, generator=gen)
+            # the same interleaving as Megatron's _initialize_affine_weight_cpu
+            pieces = torch.split(full, p.shape[dim] // stride, dim=dim)
+            mine = torch.cat(pieces[rank::world], dim=dim)
+            with torch.no_grad():
+                p.copy_(mine.to(dtype=p.dtype))

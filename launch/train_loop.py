@@ -1,0 +1,360 @@
+"""The training loop proper: model, DDP, optimizer, schedule, steps, the stop flag, logging.
+
+The worker (:mod:`launch.worker`) owns the process (distributed init, the run directory,
+resume and the exit code); this module owns what happens between two checkpoints. Every
+side effect it needs comes in as an argument (the clock, the printer, the save callback,
+the stop flag), so the loop is the same under Slurm, ``cluster=local`` and in tests.
+
+Determinism: the model init is layout independent (:mod:`launch.megatron_model`), data is
+addressed by global sample index (:mod:`launch.data`), dropout is 0 and every RNG is
+re-seeded from (seed, step) at each step (:func:`seed_step`). Resume is therefore bitwise
+equal to an uninterrupted run with the same layout.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.pipeline_parallel import get_forward_backward_func
+
+from launch.config import Job, TrainingConfig
+from launch.data import SampleSource, step_batches
+from launch.megatron_model import params_dtype
+
+
+class InjectedFailure(RuntimeError):
+    """``training.fail_at_iter``: a deterministic crash for the recovery tests."""
+
+
+@dataclass
+class TrainState:
+    """The position in the run; checkpointed, so a resume neither repeats nor skips."""
+
+    step: int = 0  # optimizer steps done
+    consumed_samples: int = 0  # global samples consumed (= step * gbs with a fixed batch size)
+
+
+@dataclass
+class StepResult:
+    iteration: int
+    loss: float  # mean lm loss over the global batch
+    grad_norm: float
+    lr: float
+    skipped: bool
+    nan: bool
+    seconds: float
+
+
+@dataclass
+class Counters:
+    skipped: int = 0
+    nan: int = 0
+    history: List[StepResult] = field(default_factory=list)
+
+
+def train_iters(training: TrainingConfig, gbs: int, seq_length: int) -> int:
+    """``training.train_iters``, or ``ceil(train_tokens / (gbs * seq))`` when tokens are given."""
+    if training.train_tokens:
+        return int(math.ceil(training.train_tokens / (gbs * seq_length)))
+    if not training.train_iters or training.train_iters < 1:
+        raise ValueError("set training.train_iters (>= 1) or training.train_tokens")
+    return int(training.train_iters)
+
+
+def num_microbatches(job: Job) -> int:
+    t = job.training
+    per_step = t.micro_batch_size * job.dp
+    if per_step < 1 or t.global_batch_size % per_step:
+        raise ValueError(
+            f"training.global_batch_size={t.global_batch_size} is not a multiple of "
+            f"micro_batch_size * dp = {t.micro_batch_size} * {job.dp} = {per_step}"
+        )
+    return t.global_batch_size // per_step
+
+
+def seed_step(seed: int, step: int) -> None:
+    """Re-seed python, numpy, torch and Megatron's model-parallel RNG tracker from (seed, step)."""
+    s = (seed * 1_000_003 + step) % (2**31 - 1)
+    random.seed(s)
+    np.random.seed(s)
+    torch.manual_seed(s)
+    tensor_parallel.model_parallel_cuda_manual_seed(s)
+
+
+def wrap_ddp(chunks: List[torch.nn.Module], config: Any, distributed_optimizer: bool) -> List[DistributedDataParallel]:
+    """Megatron DDP around each chunk; grads reduced in fp32; bucketing only on chunk 0 (as Megatron-LM)."""
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=distributed_optimizer,
+    )
+    wrapped = [
+        DistributedDataParallel(config=config, ddp_config=ddp_config, module=c, disable_bucketing=i > 0)
+        for i, c in enumerate(chunks)
+    ]
+    for m in wrapped:
+        m.broadcast_params()
+    config.no_sync_func = [m.no_sync for m in wrapped] if len(wrapped) > 1 else wrapped[0].no_sync
+    config.finalize_model_grads_func = finalize_model_grads
+    return wrapped
+
+
+def build_optimizer(training: TrainingConfig, chunks: List[Any], distributed_optimizer: bool) -> Any:
+    """Megatron's Adam (decoupled weight decay), with grad clipping; distributed (ZeRO-1) if asked."""
+    cfg = OptimizerConfig(
+        optimizer="adam",
+        lr=training.lr,
+        min_lr=training.min_lr,
+        weight_decay=training.weight_decay,
+        adam_beta1=training.adam_beta1,
+        adam_beta2=training.adam_beta2,
+        adam_eps=1e-8,
+        clip_grad=training.clip_grad,
+        bf16=training.precision == "bf16",
+        fp16=training.precision == "fp16",
+        params_dtype=params_dtype(training),
+        use_distributed_optimizer=distributed_optimizer,
+    )
+    return get_megatron_optimizer(cfg, chunks)
+
+
+def build_scheduler(training: TrainingConfig, optimizer: Any, iters: int, gbs: int) -> OptimizerParamScheduler:
+    """Megatron's LR schedule, counted in samples like Megatron-LM (warm-up, then decay to min_lr)."""
+    if training.lr_decay_style not in ("cosine", "linear", "constant"):
+        raise ValueError(f"training.lr_decay_style={training.lr_decay_style!r}; expected cosine | linear | constant")
+    decay = max(iters * gbs, training.lr_warmup_iters * gbs + 1)
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0,
+        max_lr=training.lr,
+        min_lr=training.min_lr,
+        lr_warmup_steps=training.lr_warmup_iters * gbs,
+        lr_decay_steps=decay,
+        lr_decay_style=training.lr_decay_style,
+        start_wd=training.weight_decay,
+        end_wd=training.weight_decay,
+        wd_incr_steps=decay,
+        wd_incr_style="constant",
+    )
+
+
+def _loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
+    losses = output_tensor.float().view(-1)
+    mask = loss_mask.float().view(-1)
+    loss = torch.sum(losses * mask) / mask.sum().clamp(min=1.0)
+    return loss, {"lm loss": loss.detach().clone()}  # clone: the schedule scales `loss` in place
+
+
+def _forward_step(data_iterator, model):
+    batch = next(data_iterator)
+    output = model(
+        batch["tokens"].to(_device_of(model)),
+        batch["position_ids"].to(_device_of(model)),
+        None,
+        labels=batch["labels"].to(_device_of(model)),
+    )
+    return output, partial(_loss_func, batch["loss_mask"].to(_device_of(model)))
+
+
+def _device_of(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def agree_stop(flag_signum: Optional[int], device: torch.device) -> int:
+    """All ranks agree at a step boundary: the largest signal number any rank saw (0 = none)."""
+    t = torch.tensor([int(flag_signum or 0)], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def _reduce_loss(losses: List[Dict[str, torch.Tensor]], device: torch.device) -> torch.Tensor:
+    """Mean lm loss over the global batch, on every rank (from the last pipeline stage)."""
+    out = torch.zeros(1, dtype=torch.float64, device=device)
+    if parallel_state.is_pipeline_last_stage(ignore_virtual=True) and losses:
+        local = torch.stack([d["lm loss"].double() for d in losses]).mean().reshape(1)
+        dist.all_reduce(local, group=parallel_state.get_data_parallel_group())
+        out = local / parallel_state.get_data_parallel_world_size()
+    dist.broadcast(out, src=dist.get_world_size() - 1)
+    return out
+
+
+def train_step(
+    job: Job,
+    chunks: List[Any],
+    optimizer: Any,
+    scheduler: OptimizerParamScheduler,
+    source: SampleSource,
+    state: TrainState,
+    nmb: int,
+    device: torch.device,
+) -> tuple[float, float, bool]:
+    """One optimizer step over the global batch; returns (loss, grad norm, update skipped)."""
+    t = job.training
+    seed_step(t.seed, state.step)
+    batches = step_batches(
+        source, state.consumed_samples, nmb, t.micro_batch_size,
+        parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank(),
+    )
+    for c in chunks:
+        c.zero_grad_buffer()
+    optimizer.zero_grad()
+    iterators = [iter(batches) for _ in chunks]
+    losses = get_forward_backward_func()(
+        forward_step_func=_forward_step,
+        data_iterator=iterators if len(chunks) > 1 else iterators[0],
+        model=chunks if len(chunks) > 1 else chunks[0],
+        num_microbatches=nmb,
+        seq_length=job.model.seq_length,
+        micro_batch_size=t.micro_batch_size,
+        decoder_seq_length=job.model.seq_length,
+        forward_only=False,
+    )
+    ok, grad_norm, _zeros = optimizer.step()
+    if ok:
+        scheduler.step(increment=t.global_batch_size)
+    loss = _reduce_loss(losses, device)
+    return float(loss.item()), float(grad_norm if grad_norm is not None else 0.0), not ok
+
+
+def format_iteration(
+    *,
+    now: datetime.datetime,
+    iteration: int,
+    train_iters: int,
+    consumed: int,
+    elapsed_ms: float,
+    lr: float,
+    gbs: int,
+    loss: float,
+    loss_scale: float,
+    grad_norm: float,
+    skipped: int,
+    nan: int,
+    tflops: Optional[float] = None,
+    mfu: Optional[float] = None,
+) -> str:
+    """Megatron-LM's ``training_log`` line, field for field (so its users' greps and parsers work)."""
+    s = f"[{now.strftime('%Y-%m-%d %H:%M:%S.%f')}] iteration {iteration:8d}/{train_iters:8d} |"
+    s += f" consumed samples: {consumed:12d} |"
+    s += f" elapsed time per iteration (ms): {elapsed_ms:.1f} |"
+    if tflops is not None:
+        s += f" throughput per GPU (TFLOP/s/GPU): {tflops:.1f} |"
+    if mfu is not None:
+        s += f" MFU: {mfu * 100:.2f}% |"
+    s += f" learning rate: {lr:.6E} |"
+    s += f" global batch size: {gbs:5d} |"
+    s += f" lm loss: {loss:.6E} |"
+    s += f" loss scale: {loss_scale:.1f} |"
+    s += f" grad norm: {grad_norm:.3f} |"
+    s += f" number of skipped iterations: {skipped:3d} |"
+    s += f" number of nan iterations: {nan:3d} |"
+    return s
+
+
+@dataclass
+class LoopIO:
+    """The loop's side effects, injected by the worker."""
+
+    log: Callable[[str], None]  # prints on the last rank only
+    emit: Callable[..., Any]  # EventLog.emit on rank 0, a no-op elsewhere
+    save: Callable[[TrainState, str], float]  # collective checkpoint (reason: interval|signal|final) -> seconds
+    stop_signum: Callable[[], Optional[int]]  # this rank's StopFlag.signum
+    clock: Callable[[], float] = time.monotonic
+    now: Callable[[], datetime.datetime] = datetime.datetime.now
+    step_sleep_s: float = 0.0  # SLURMTRON_TEST_STEP_SLEEP_S
+    sleep: Callable[[float], None] = time.sleep
+    flops_per_step: Optional[float] = None  # analysis.flops over the global batch
+    peak_flops: Optional[float] = None  # per device; None = no MFU field (CPU)
+    resolve_auto: Optional[Callable[[float, float], int]] = None  # (step_s, save_s) -> interval, for 'auto'
+
+
+@dataclass
+class LoopResult:
+    state: TrainState
+    reason: str  # completed | signal
+    signum: int = 0
+
+
+def run_loop(
+    job: Job,
+    chunks: List[Any],
+    optimizer: Any,
+    scheduler: OptimizerParamScheduler,
+    source: SampleSource,
+    state: TrainState,
+    iters: int,
+    io: LoopIO,
+    device: torch.device,
+) -> LoopResult:
+    """Train from ``state`` to ``iters``; check the stop flag at every step boundary.
+
+    ``training.checkpoint_interval='auto'``: the first step is followed by a save whose
+    measured time, with the step time, gives the interval (:func:`recovery.interval`).
+    """
+    t = job.training
+    auto = isinstance(t.checkpoint_interval, str) and t.checkpoint_interval.strip().lower() == "auto"
+    interval: Optional[int] = None if auto else int(t.checkpoint_interval)
+    nmb = num_microbatches(job)
+    counters = Counters()
+    world = dist.get_world_size()
+    while state.step < iters:
+        signum = agree_stop(io.stop_signum(), device)
+        if signum:
+            io.emit("signal", signal=_signame(signum), step=state.step)
+            io.save(state, "signal")
+            return LoopResult(state, "signal", signum)
+        iteration = state.step + 1
+        if t.fail_at_iter is not None and iteration == t.fail_at_iter:
+            raise InjectedFailure(f"training.fail_at_iter={t.fail_at_iter}: injected failure at iteration {iteration}")
+        t0 = io.clock()
+        loss, grad_norm, skipped = train_step(job, chunks, optimizer, scheduler, source, state, nmb, device)
+        if io.step_sleep_s > 0:
+            io.sleep(io.step_sleep_s)
+        elapsed = io.clock() - t0
+        state.step = iteration
+        state.consumed_samples += t.global_batch_size
+        is_nan = not math.isfinite(loss)
+        counters.skipped += int(skipped)
+        counters.nan += int(is_nan)
+        lr = optimizer.param_groups[0]["lr"]
+        tflops = mfu = None
+        if io.flops_per_step is not None and elapsed > 0:
+            tflops = io.flops_per_step / (elapsed * world) / 1e12
+            if io.peak_flops:
+                mfu = tflops * 1e12 / io.peak_flops
+        if iteration % max(1, t.log_interval) == 0 or iteration == iters:
+            io.log(format_iteration(
+                now=io.now(), iteration=iteration, train_iters=iters, consumed=state.consumed_samples,
+                elapsed_ms=elapsed * 1000.0, lr=lr, gbs=t.global_batch_size, loss=loss,
+                loss_scale=float(getattr(optimizer, "get_loss_scale", lambda: torch.tensor(1.0))().item()),
+                grad_norm=grad_norm, skipped=counters.skipped, nan=counters.nan, tflops=tflops, mfu=mfu,
+            ))
+        io.emit("iteration", step=iteration, loss=repr(loss), grad_norm=repr(grad_norm), lr=repr(lr),
+                consumed_samples=state.consumed_samples, seconds=elapsed)
+        if interval is None and iteration < iters:
+            save_s = io.save(state, "interval")
+            interval = io.resolve_auto(elapsed, save_s) if io.resolve_auto else 1
+        elif interval and iteration % interval == 0 and iteration < iters:
+            io.save(state, "interval")
+    return LoopResult(state, "completed", 0)
+
+
+def _signame(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
