@@ -1,0 +1,161 @@
+"""The planner's answer for one job: memory, step time, MFU, and what the whole run costs.
+
+``estimate(job)`` is what ``launch/plan.py`` prints, what the job check's budget guard reads
+and what a sweep registry stores beside each submitted layout. It never raises for a layout
+that does not fit (``fits`` is False and the breakdown says why) and never for a CPU cluster
+(the timing fields are None: there is no peak to measure against).
+
+Login-node code: no torch, no megatron.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from analysis.flops import UnknownDevice, peak_flops
+from launch.config import Job, ParallelismConfig
+from launch.planner.memory import stage_memory
+from launch.planner.shapes import Shape, shape_of
+from launch.planner.steptime import precision_dtype, step_time
+
+
+@dataclass
+class Estimate:
+    """Per-GPU memory and speed of one layout, and the run's cost at that speed."""
+
+    layout: str
+    world_size: int
+    memory_gb_per_gpu: float  # worst stage, GiB
+    fits: bool
+    step_time_s: Optional[float]
+    tflops_per_gpu: Optional[float]  # model FLOPs (no recompute) per second per GPU
+    mfu: Optional[float]  # fraction of the dense peak
+    hfu: Optional[float]  # with recomputed FLOPs
+    train_iters: Optional[int]
+    gpu_hours_total: Optional[float]  # at the estimated step time, plus checkpoint saves
+    wall_time_h_total: Optional[float]
+    checkpoint_gb: float  # bytes one checkpoint writes (weights + optimizer state), GB
+    save_time_s: float  # checkpoint_gb / cluster.fs_write_bandwidth_gbs
+    checkpoint_interval: Optional[int]  # steps (resolved when 'auto')
+    breakdown: dict[str, Any] = field(default_factory=dict)  # memory (worst stage), stages, step_time, cost
+    note: str = ""
+
+    @property
+    def gpu_hours(self) -> Optional[float]:
+        """Alias read by the job check's budget guard."""
+        return self.gpu_hours_total
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    def to_json(self) -> str:
+        """One JSON object (``plan.format=json``)."""
+        return json.dumps(self.to_dict(), sort_keys=True, default=float)
+
+
+def layout_name(par: ParallelismConfig) -> str:
+    """Short label of a layout: ``tp8-pp8-vpp2-sp-sel`` (cp, ep, full, no-dopt when they apply)."""
+    parts = [f"tp{par.tp}", f"pp{par.pp}"]
+    if par.vpp and par.pp > 1:
+        parts.append(f"vpp{par.vpp}")
+    if par.cp > 1:
+        parts.append(f"cp{par.cp}")
+    if par.ep > 1:
+        parts.append(f"ep{par.ep}")
+    if par.sequence_parallel:
+        parts.append("sp")
+    if par.recompute == "selective":
+        parts.append("sel")
+    elif par.recompute == "full":
+        parts.append("full")
+    if not par.distributed_optimizer:
+        parts.append("nodo")
+    return "-".join(parts)
+
+
+def train_iterations(job: Job) -> Optional[int]:
+    """Optimizer steps of the run: from train_tokens when set (it wins), else train_iters."""
+    t = job.training
+    if t.train_tokens is not None:
+        return max(1, math.ceil(t.train_tokens / (t.global_batch_size * job.model.seq_length)))
+    return t.train_iters
+
+
+def checkpoint_bytes(job: Job, shape: Shape | None = None) -> float:
+    """What one distributed checkpoint writes: weights plus fp32 main weights and Adam moments."""
+    shape = shape or shape_of(job.model, job.parallelism.tp)
+    per_param = 12.0 if job.training.precision == "fp32" else 14.0
+    return shape.total_params * per_param
+
+
+def save_time_s(job: Job, shape: Shape | None = None) -> float:
+    """Seconds a save takes at the filesystem's aggregate write bandwidth."""
+    return checkpoint_bytes(job, shape) / (max(job.cluster.fs_write_bandwidth_gbs, 1e-9) * 1e9)
+
+
+def resolve_checkpoint_interval(job: Job, step_s: Optional[float], save_s: float) -> Optional[int]:
+    """Steps between saves: as configured, or Young/Daly via ``recovery.interval`` for 'auto'."""
+    ci = job.training.checkpoint_interval
+    if isinstance(ci, int) and not isinstance(ci, bool):
+        return ci if ci > 0 else None
+    if step_s is None or step_s <= 0:
+        return None
+    from recovery.interval import resolve_interval  # pure; no torch
+
+    try:
+        steps, _ = resolve_interval(ci, save_s=max(save_s, 1e-6), step_s=step_s,
+                                    node_mtbf_hours=job.cluster.node_mtbf_hours, nodes=max(1, job.cluster.nodes))
+    except ValueError:
+        return None
+    return steps
+
+
+def estimate(job: Job, *, shape: Shape | None = None, flops: dict | None = None,
+             attention: str = "fused") -> Estimate:
+    """Memory, step time, MFU and run cost of ``job`` as composed (see the package docstring)."""
+    par, c = job.parallelism, job.cluster
+    shape = shape or shape_of(job.model, par.tp)
+    stages = stage_memory(job, shape, attention)
+    worst = max(stages, key=lambda s: s.total)
+    fits = c.gpu == "cpu" or worst.total <= c.gpu_memory_gb
+    save_s = save_time_s(job, shape)
+    iters = train_iterations(job)
+    breakdown: dict[str, Any] = {"memory": worst.to_dict(), "stages": [s.to_dict() for s in stages]}
+    note = ""
+    step = tflops = mfu = hfu = None
+    if c.gpu == "cpu":
+        note = "cluster.gpu=cpu: no peak FLOP/s, so no step time or MFU"
+    elif job.dp < 1:
+        note = f"no data-parallel rank: world {job.world_size} < tp*pp*cp"
+    else:
+        try:
+            st = step_time(job, shape, flops, attention)
+            peak = peak_flops(c.gpu, precision_dtype(job.training.precision))
+        except UnknownDevice as exc:
+            note = str(exc)
+        else:
+            step = st.step_time_s
+            tflops = st.model_flops / step / job.world_size / 1e12
+            mfu = tflops * 1e12 / peak
+            hfu = st.hardware_flops / step / job.world_size / peak
+            breakdown["step_time"] = st.to_dict()
+    interval = resolve_checkpoint_interval(job, step, save_s)
+    gpu_hours = wall_h = None
+    if step is not None and iters is not None:
+        saves = iters // interval if interval else 0
+        wall_s = iters * step + saves * save_s
+        wall_h = wall_s / 3600
+        gpu_hours = wall_h * job.world_size
+        breakdown["cost"] = {"iterations": iters, "saves": saves, "compute_h": iters * step / 3600,
+                             "saving_h": saves * save_s / 3600}
+    return Estimate(
+        layout=layout_name(par), world_size=job.world_size, memory_gb_per_gpu=worst.total, fits=fits,
+        step_time_s=step, tflops_per_gpu=tflops, mfu=mfu, hfu=hfu, train_iters=iters,
+        gpu_hours_total=gpu_hours, wall_time_h_total=wall_h, checkpoint_gb=checkpoint_bytes(job, shape) / 1e9,
+        save_time_s=save_s, checkpoint_interval=interval, breakdown=breakdown, note=note,
+    )
+
+
+__all__ = ["Estimate", "estimate", "layout_name", "train_iterations", "checkpoint_bytes", "save_time_s"]

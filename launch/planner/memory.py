@@ -1,0 +1,234 @@
+"""Memory per GPU for every pipeline stage of a layout, and the fit check.
+
+Why per stage: the stages are not alike. Stage 0 holds the embedding and the most in-flight
+microbatches of the 1F1B schedule; the last stage holds the output layer and the fp32 logits.
+Refusing on an average would pass layouts whose first stage runs out of memory.
+
+Accounting (bytes; GiB = 2**30 in every report, and ``cluster.gpu_memory_gb`` is read as GiB):
+
+* **Weights, gradients, optimizer** per parameter on the GPU: bf16/fp16 weights 2, fp32 main
+  gradients 4 (Megatron accumulates and reduces grads in fp32 by default for bf16), fp32 main
+  weights + two Adam moments 12. The distributed optimizer (ZeRO-1) shards the 12 over the
+  data-parallel-with-context group (dp * cp, as Megatron-Core's ``data_parallel_group_with_cp``);
+  expert parameters over the expert-data-parallel group dp * cp / ep. fp32 training keeps no
+  extra main copy: 4 + 4 + 8. Tensor parallelism shards everything but the norms and a
+  learned position table; ``ep`` divides the experts.
+* **Activations** per layer and microbatch follow Korthikanti et al. 2022 ("Reducing Activation
+  Recomputation in Large Transformer Models", arXiv:2205.05198, Table 2): ``sbh(34 + 5as/h)``
+  with ``10 sbh`` replicated across tp unless sequence parallelism shards it too. Generalised,
+  per token: ``10h`` (norm inputs, the QKV and MLP inputs, two 1-byte dropout masks) +
+  ``4q + 4kv`` (Q, K, V and the attention output, 2 bytes each; q = heads*d, kv = groups*d, so GQA
+  shrinks the K/V terms) + the MLP's ``4f`` (GeLU input and output) or ``6f`` with SwiGLU
+  (gate, up and their product), + ``5as`` for the attention scores, softmax and its dropout
+  mask. For MHA with f = 4h this is exactly 34h + 5as. ``selective`` recompute drops the 5as
+  term; ``full`` keeps only each layer's 2-byte input plus one layer's working set. Context
+  parallelism divides s by cp. Megatron-Core on GPUs runs TransformerEngine's fused (flash)
+  attention, which never materialises the scores: the 5as term is then absent whatever the
+  recompute, which is the default here (``attention="fused"``); ``"unfused"`` models the 2021
+  Megatron of the papers.
+* **In-flight microbatches**: stage k of 1F1B holds ``min(pp - k, m)`` microbatches of its
+  layers; the interleaved schedule holds ``2(pp - k - 1) + (vpp - 1)pp + 1`` chunks (Megatron's
+  warm-up count + the current one), which for stage 0 is Megatron's penalty
+  ``1 + (pp - 1)/(pp * vpp)`` times the layers.
+* **Embedding / logits**: stage 0 keeps the token ids (8 B) and the embedding dropout mask (1 B
+  per element) of each in-flight microbatch; the last stage keeps the fp32 logits and their
+  input, ``4sb(h + V)/tp``, for the one microbatch it back-propagates at a time.
+* **Workspace**: a fixed :data:`WORKSPACE_GIB` for the CUDA context, cuBLAS workspace, NCCL
+  communicators and allocator fragmentation, which no formula predicts.
+
+Login-node code: no torch, no megatron.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from launch.config import Job
+from launch.planner.shapes import Shape, chunks, shape_of, stage_layers
+from launch.problems import Problem
+
+GIB = 2**30
+WORKSPACE_GIB = 3.0  # CUDA context (~0.5), cuBLAS/NCCL buffers and fragmentation; no formula predicts it
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """One pipeline stage's memory per GPU, in GiB."""
+
+    stage: int
+    layers: float
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float  # all in-flight microbatches (= per_microbatch * inflight)
+    activations_per_microbatch: float
+    inflight_microbatches: float  # microbatches whose activations are held at the peak
+    embedding_logits: float
+    workspace: float
+
+    @property
+    def total(self) -> float:
+        return (self.weights + self.grads + self.optimizer + self.activations
+                + self.embedding_logits + self.workspace)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["total"] = self.total
+        return d
+
+
+def bytes_per_param(precision: str) -> tuple[float, float, float]:
+    """(weights, grads, optimizer state) bytes per parameter before any sharding."""
+    if precision == "fp32":
+        return 4.0, 4.0, 8.0
+    return 2.0, 4.0, 12.0
+
+
+def layer_activation_bytes(shape: Shape, job: Job, attention: str = "fused", stored: bool = True) -> float:
+    """Bytes one transformer layer keeps for one microbatch (Korthikanti's Table 2, generalised).
+
+    ``attention="fused"`` (TransformerEngine's flash/fused attention, Megatron-Core's default on
+    GPUs) never writes the s x s scores to memory, so the 5as term is absent whatever the
+    recompute; ``"unfused"`` (the 2021 Megatron of Korthikanti's and Narayanan's papers)
+    stores them unless ``recompute`` is selective or full. ``stored=False`` returns the bytes the
+    layer's memory-bound kernels touch instead, scores included when unfused even if recomputed.
+    """
+    p = job.parallelism
+    tp, cp = max(1, p.tp), max(1, p.cp)
+    tokens = job.training.micro_batch_size * shape.seq / cp
+    if shape.num_experts:
+        mlp = shape.topk * ((6 if shape.swiglu else 4) * _moe_ffn(job) + 2 * shape.h)
+    else:
+        mlp = (6 if shape.swiglu else 4) * shape.ffn
+    sharded = 4 * shape.q + 4 * shape.kv + mlp
+    if attention == "unfused" and cp == 1 and (p.recompute == "none" or not stored):
+        sharded += 5 * shape.heads * shape.seq
+    replicated = 10 * shape.h
+    if p.sequence_parallel:
+        replicated /= tp
+    working = tokens * (replicated + sharded / tp)
+    return working
+
+
+def layer_checkpoint_bytes(shape: Shape, job: Job) -> float:
+    """Bytes a fully recomputed layer keeps: its 2-byte input (sharded by tp under SP)."""
+    p = job.parallelism
+    tokens = job.training.micro_batch_size * shape.seq / max(1, p.cp)
+    return tokens * 2 * shape.h / (max(1, p.tp) if p.sequence_parallel else 1)
+
+
+def inflight_layer_sets(stage: int, layers: float, job: Job, microbatches: int) -> tuple[float, float]:
+    """(microbatch-equivalents held by ``stage``, layer activations sets held) at its peak."""
+    p = job.parallelism
+    pp, v = max(1, p.pp), chunks(p)
+    m = max(1, microbatches)
+    if pp == 1:
+        return 1.0, layers
+    if v == 1:
+        held = min(pp - stage, m)
+        return float(held), held * layers
+    held_chunks = min(2 * (pp - stage - 1) + (v - 1) * pp + 1, m * v)
+    return held_chunks / v, held_chunks * layers / v
+
+
+def num_microbatches(job: Job) -> int:
+    """gbs / (mbs * dp); 1 when the layout leaves no data-parallel rank (refused elsewhere)."""
+    denom = job.training.micro_batch_size * job.dp
+    return max(1, job.training.global_batch_size // denom) if denom > 0 else 1
+
+
+def stage_memory(job: Job, shape: Shape | None = None, attention: str = "fused") -> list[StageMemory]:
+    """Memory of every pipeline stage (see the module docstring for each term)."""
+    p = job.parallelism
+    shape = shape or shape_of(job.model, p.tp)
+    tp, pp, cp, ep = max(1, p.tp), max(1, p.pp), max(1, p.cp), max(1, p.ep)
+    dp = max(1, job.dp)
+    w_b, g_b, o_b = bytes_per_param(job.training.precision)
+    shard = dp * cp if p.distributed_optimizer else 1
+    expert_shard = max(1.0, dp * cp / ep) if p.distributed_optimizer else 1.0
+    m = num_microbatches(job)
+    per_layer_act = layer_activation_bytes(shape, job, attention)
+    full = p.recompute == "full"
+    stored_per_layer = layer_checkpoint_bytes(shape, job) if full else per_layer_act
+    tokens = job.training.micro_batch_size * shape.seq / cp
+    out = []
+    for k, layers in enumerate(stage_layers(shape.layers, p)):
+        dense = layers * (shape.attn_params + shape.dense_mlp_params) / tp + layers * shape.norm_params
+        experts = layers * (shape.num_experts / ep) * shape.expert_params / tp
+        if k == 0:
+            dense += shape.embedding_params / tp + shape.position_params
+        if k == pp - 1:
+            dense += shape.final_norm_params
+            if shape.output_params:
+                dense += shape.output_params / tp
+            elif pp > 1:  # tied: the last stage keeps a copy of the word embedding for the logits
+                dense += shape.embedding_params / tp
+        params = dense + experts
+        inflight_mb, layer_sets = inflight_layer_sets(k, layers, job, m)
+        acts = layer_sets * stored_per_layer + (per_layer_act if full else 0.0)
+        emb_logits = 0.0
+        if k == 0:
+            emb_logits += inflight_mb * tokens * (8 + shape.h) / (tp if p.sequence_parallel else 1)
+        if k == pp - 1:
+            emb_logits += 4 * tokens * (shape.h + shape.vocab) / tp
+        out.append(StageMemory(
+            stage=k, layers=layers,
+            weights=params * w_b / GIB,
+            grads=params * g_b / GIB,
+            optimizer=(dense * o_b / shard + experts * o_b / expert_shard) / GIB,
+            activations=acts / GIB,
+            activations_per_microbatch=(layers * stored_per_layer) / GIB,
+            inflight_microbatches=inflight_mb,
+            embedding_logits=emb_logits / GIB,
+            workspace=WORKSPACE_GIB,
+        ))
+    return out
+
+
+def worst_stage(job: Job, shape: Shape | None = None, attention: str = "fused") -> StageMemory:
+    """The stage with the largest total: the one that decides whether the layout fits."""
+    return max(stage_memory(job, shape, attention), key=lambda s: s.total)
+
+
+def format_breakdown(s: StageMemory) -> str:
+    """One line per term, so a refusal shows where the memory goes."""
+    return (
+        f"stage {s.stage} ({s.layers:g} layers): weights {s.weights:.1f} + grads {s.grads:.1f} + optimizer "
+        f"{s.optimizer:.1f} + activations {s.activations:.1f} ({s.activations_per_microbatch:.2f}/microbatch x "
+        f"{s.inflight_microbatches:g} in flight) + embedding/logits {s.embedding_logits:.1f} + workspace "
+        f"{s.workspace:.1f} = {s.total:.1f} GiB"
+    )
+
+
+def memory_problems(job: Job) -> list[Problem]:
+    """Refuse a layout whose worst stage exceeds ``cluster.gpu_memory_gb``; [] on CPU clusters."""
+    c, p = job.cluster, job.parallelism
+    if c.gpu == "cpu" or job.dp < 1:
+        return []
+    worst = worst_stage(job)
+    if worst.total <= c.gpu_memory_gb:
+        return []
+    fixes = []
+    if p.recompute != "full":
+        fixes.append("parallelism.recompute=" + ("selective" if p.recompute == "none" else "full"))
+    if p.tp > 1 and not p.sequence_parallel:
+        fixes.append("parallelism.sequence_parallel=true")
+    if not p.distributed_optimizer:
+        fixes.append("parallelism.distributed_optimizer=true")
+    if job.training.micro_batch_size > 1:
+        fixes.append("training.micro_batch_size=1")
+    fixes.append(f"parallelism.pp={p.pp * 2}")
+    fixes.append("parallelism=auto (let the planner pick a layout that fits)")
+    return [Problem(
+        "parallelism", f"estimated memory per GPU exceeds cluster.gpu_memory_gb {c.gpu_memory_gb:g}",
+        format_breakdown(worst) + f" > {c.gpu_memory_gb:g}",
+        "try " + ", or ".join(fixes),
+    )]
+
+
+def _moe_ffn(job: Job) -> int:
+    return job.model.moe_ffn_hidden_size or job.model.ffn_hidden_size
+
+
+
+__all__ = ["GIB", "WORKSPACE_GIB", "StageMemory", "stage_memory", "worst_stage", "memory_problems",
+           "format_breakdown", "num_microbatches", "layer_activation_bytes", "bytes_per_param"]
