@@ -1,0 +1,268 @@
+"""Parse Megatron training logs: iteration lines and checkpoint save/load lines.
+
+Two iteration-line formats are read by one pattern:
+
+* current Megatron-Core (``training_log`` in ``megatron/training/training.py``)::
+
+    [2026-11-29 10:00:00.123456] iteration        5/      20 | consumed samples: 40 |
+    elapsed time per iteration (ms): 812.3 | throughput per GPU (TFLOP/s/GPU): 0.1 |
+    [MFU: 41.23% |] learning rate: 3.000000E-04 | global batch size: 8 | lm loss: 5.5E+00 |
+    loss scale: 1.0 | grad norm: 1.234 | number of skipped iterations: 0 |
+    number of nan iterations: 0 |
+
+* the 2021 form (no timestamp, no throughput, lr as ``{:.3E}``, ``lm-loss`` in
+  Megatron-DeepSpeed, sometimes no ``consumed samples``).
+
+Why regex over the whole chunk and not a loop over lines: a multi-week run writes
+gigabytes; ``re.findall`` over a decoded chunk runs the matching loop in C and hands back
+one tuple per iteration line, with no Python work per non-matching line. The numeric
+conversion is column-wise pandas. Files are read as bytes in chunks cut at newlines and
+decoded with ``errors="replace"``, so binary junk or a torn multibyte character never
+raises. Each parser returns ``(frame, skipped)``: ``skipped`` counts lines that looked
+like the thing parsed (``iteration N/``) but could not be read (truncated, garbled).
+"""
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "ITERATION_COLUMNS",
+    "CHECKPOINT_COLUMNS",
+    "iter_text_chunks",
+    "read_text",
+    "source_ids",
+    "parse_iteration_text",
+    "parse_iteration_lines",
+    "parse_iterations_file",
+    "parse_checkpoint_text",
+]
+
+DEFAULT_CHUNK_BYTES = 32 << 20
+
+_V = r"[ \t]*([^ \t|\n]*)[ \t]*\|"  # a field's value and the bar after it
+_SKIP = r"(?:[^|\n]*\|)*?"  # lazily step over fields this parser does not read
+
+
+def _field(key: str, value: str = _V) -> str:
+    # The skip sits inside the optional group: a missing field leaves the position unchanged,
+    # a present one is found even behind fields we do not know (``num zeros``, ``mtp loss``).
+    return rf"(?:{_SKIP}[ \t]*{key}{value})?"
+
+
+_ITERATION_BODY = (
+    r"iteration[ \t]+([0-9]+)[ \t]*/[ \t]*([0-9]+)[ \t]*\|"
+    + _field("consumed samples:")
+    + _field(r"elapsed time per iteration \(ms\):")
+    + _field(r"throughput per GPU \(TFLOP/s/GPU\):")
+    + _field("MFU:", r"[ \t]*([^ \t|%\n]*)%[ \t]*\|")
+    + _field("learning rate:")
+    + _field("global batch size:")
+    + _field("lm[ -]loss:")
+    + _field("loss scale:")
+    + _field("grad norm:")
+    + _field("number of skipped iterations:")
+    + _field("number of nan iterations:")
+)
+_TS = r"\[([0-9]{4}-[0-9]{2}-[0-9]{2}[ T][0-9:]{8}(?:[.,][0-9]+)?)\]"
+# Fast path: the pattern starts with a literal, so the C matcher skips ahead to each
+# "iteration" instead of trying every position; timestamps come from a second pass whose
+# matches are a subset of the body's (same prefix), so equal counts mean aligned rows.
+_BODY_RE = re.compile(_ITERATION_BODY)
+_TS_RE = re.compile(_TS + r"[ \t]*iteration[ \t]+[0-9]+[ \t]*/[ \t]*[0-9]+[ \t]*\|")
+# Slow path, one match per line with its own timestamp, for files mixing both formats.
+_ITERATION_RE = re.compile(
+    r"(?m)^(?:[0-9]+:[ \t]?)?"  # srun --label rank prefix
+    r"(?:" + _TS + r")?[ \t]*" + _ITERATION_BODY + r"[^\n]*$"
+)
+# Lines that claim to be iteration lines; the difference to parsed rows is ``skipped``.
+_ITERATION_CANDIDATE_RE = re.compile(r"iteration[ \t]+[0-9]+[ \t]*/")
+
+_RAW_COLUMNS = [
+    "timestamp", "iteration", "train_iters", "consumed_samples", "elapsed_ms",
+    "tflops_per_gpu", "mfu_pct", "lr", "global_batch_size", "lm_loss", "loss_scale",
+    "grad_norm", "skipped_iters", "nan_iters",
+]
+ITERATION_COLUMNS = ["source", "job_id", "rank", "seq"] + _RAW_COLUMNS
+_INT_LIMIT = 2**53  # larger iteration numbers are garbage, not progress
+
+_CHECKPOINT_RE = re.compile(
+    r"(?m)^[^\n]*?(?:"
+    r"(?P<save>saving checkpoint at iteration[ \t]+(?P<save_it>[0-9]+) to (?P<save_path>[^ \t\n]+))"
+    r"|(?P<saved>successfully saved checkpoint (?:at|from) iteration[ \t]+(?P<saved_it>[0-9]+)"
+    r"(?: to (?P<saved_path>[^ \t\n]+))?)"
+    r"|(?P<load>loading (?:distributed |local |global )?checkpoint from (?P<load_path>[^ \t\n]+)"
+    r" at iteration[ \t]+(?P<load_it>[0-9]+))"
+    r"|(?P<loaded>successfully loaded checkpoint from (?P<loaded_path>[^ \t\n]+)"
+    r"[^\n]*? at iteration[ \t]+(?P<loaded_it>[0-9]+))"
+    r")"
+)
+CHECKPOINT_COLUMNS = ["source", "job_id", "rank", "offset", "kind", "iteration", "path"]
+
+
+def iter_text_chunks(path: str | os.PathLike, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[tuple[int, str]]:
+    """Yield ``(byte offset, text)`` chunks of a file, each ending at a newline.
+
+    Bounded memory for multi-GB logs: a chunk is cut after its last ``\\n`` and the rest is
+    carried over. A "line" longer than a chunk (binary junk) is cut where it is. Decoding
+    uses ``errors="replace"``: a newline byte never sits inside a UTF-8 sequence, so cutting
+    at newlines never splits a character.
+    """
+    offset = 0
+    carry = b""
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(chunk_bytes)
+            if not block:
+                break
+            data = carry + block
+            cut = data.rfind(b"\n")
+            if cut < 0 and len(data) < chunk_bytes * 2:
+                carry = data
+                continue
+            cut = len(data) - 1 if cut < 0 else cut
+            yield offset, data[: cut + 1].decode("utf-8", errors="replace")
+            offset += cut + 1
+            carry = data[cut + 1 :]
+    if carry:
+        yield offset, carry.decode("utf-8", errors="replace")
+
+
+def read_text(path: str | os.PathLike) -> str:
+    """The whole file as text (bytes decoded with ``errors="replace"``); for small files."""
+    return Path(path).read_bytes().decode("utf-8", errors="replace")
+
+
+_JOB_RANK_RES = [
+    re.compile(r"^(?P<job>[0-9]+(?:_[0-9]+)?)_(?P<rank>[0-9]+)\.(?:out|err|log)$"),  # %j_%t.out
+    re.compile(r"^local_(?P<job>[0-9]+)_rank(?P<rank>[0-9]+)\.(?:out|err|log)$"),  # local_<attempt>_rank<r>
+    re.compile(r"[-_.](?P<job>[0-9]{4,})\.(?:out|err|log)$"),  # name-1809562.out
+]
+
+
+def source_ids(path: str | os.PathLike) -> tuple[str | None, int | None]:
+    """(job id, rank) from a log file name: ``%j_%t.out``, ``local_<attempt>_rank<r>.out``
+    (job id ``local-<attempt>``) or ``<name>-<jobid>.out``; ``(None, None)`` if neither."""
+    name = Path(path).name
+    for i, rx in enumerate(_JOB_RANK_RES):
+        m = rx.search(name)
+        if m:
+            job = m.group("job")
+            if i == 1:
+                job = f"local-{job}"
+            rank = m.groupdict().get("rank")
+            return job, int(rank) if rank is not None else None
+    return None, None
+
+
+def _to_float(values) -> np.ndarray:
+    """Strings to float64: numpy's C conversion, pandas' coercing one if any value is bad."""
+    try:
+        return np.array(values, dtype="float64")
+    except (ValueError, OverflowError):
+        s = pd.Series(values, dtype=object).replace("", None)
+        return pd.to_numeric(s, errors="coerce").to_numpy(dtype="float64", na_value=np.nan)
+
+
+def _to_time(values) -> pd.Series:
+    s = pd.Series(values, dtype=object)
+    if len(s) == 0 or not s.iloc[0] and not s.astype(bool).any():
+        return pd.Series(pd.NaT, index=s.index, dtype="datetime64[us]")
+    s = s.replace("", None).str.replace(",", ".", regex=False)
+    return pd.to_datetime(s, format="ISO8601", errors="coerce")
+
+
+def parse_iteration_text(text: str, *, source: str = "", job_id: str | None = None,
+                         rank: int | None = None) -> tuple[pd.DataFrame, int]:
+    """Iteration rows of ``text`` (any mix of lines) and the count of unreadable ones.
+
+    A row needs an iteration number and either the elapsed time or the loss; a line that
+    says ``iteration N/`` but yields neither (cut off, interleaved with another rank's
+    output, numbers out of range) counts as skipped. Values Megatron prints as ``nan`` or
+    ``inf`` stay NaN/inf: they are data (a NaN loss is an interruption cause), not errors.
+    """
+    rows = _BODY_RE.findall(text)
+    stamps = _TS_RE.findall(text) if rows and "[" in text else []
+    if len(stamps) == len(rows):
+        cols = [stamps] + list(zip(*rows)) if rows else [[] for _ in _RAW_COLUMNS]
+    elif not stamps:
+        cols = [[""] * len(rows)] + list(zip(*rows))
+    else:  # some lines with, some without a timestamp: match line by line
+        rows = _ITERATION_RE.findall(text)
+        cols = list(zip(*rows)) if rows else [[] for _ in _RAW_COLUMNS]
+    candidates = len(_ITERATION_CANDIDATE_RE.findall(text))
+    n = len(rows)
+    df = pd.DataFrame(
+        {
+            "source": np.full(n, source, dtype=object),
+            "job_id": np.full(n, job_id, dtype=object),
+            "rank": np.full(n, rank, dtype=object),
+            "seq": np.arange(n, dtype="int64"),
+            "timestamp": _to_time(cols[0]),
+            **{c: _to_float(v) for c, v in zip(_RAW_COLUMNS[1:], cols[1:])},
+        }
+    )
+    ok = (
+        df["iteration"].notna()
+        & (df["iteration"].abs() < _INT_LIMIT)
+        & (df["elapsed_ms"].notna() | df["lm_loss"].notna())
+    )
+    df = df[ok].reset_index(drop=True)
+    df["iteration"] = df["iteration"].astype("int64")
+    skipped = max(candidates - len(df), 0)
+    return df[ITERATION_COLUMNS], skipped
+
+
+def parse_iteration_lines(lines: pd.Series | list[str], **ids) -> tuple[pd.DataFrame, int]:
+    """:func:`parse_iteration_text` over a Series (or list) of lines."""
+    text = "\n".join(pd.Series(lines, dtype=object).fillna("").astype(str).tolist())
+    return parse_iteration_text(text, **ids)
+
+
+def parse_iterations_file(path: str | os.PathLike, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                          job_id: str | None = None, rank: int | None = None) -> tuple[pd.DataFrame, int]:
+    """All iteration rows of one log file, read in newline-cut chunks (bounded memory).
+
+    ``job_id``/``rank`` default to what the file name says (:func:`source_ids`).
+    """
+    fj, fr = source_ids(path)
+    job_id = job_id if job_id is not None else fj
+    rank = rank if rank is not None else fr
+    frames, skipped = [], 0
+    for _, text in iter_text_chunks(path, chunk_bytes):
+        df, sk = parse_iteration_text(text, source=str(path), job_id=job_id, rank=rank)
+        frames.append(df)
+        skipped += sk
+    if not frames:
+        return parse_iteration_text("", source=str(path), job_id=job_id, rank=rank)
+    out = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    out["seq"] = np.arange(len(out), dtype="int64")
+    return out, skipped
+
+
+def parse_checkpoint_text(text: str, *, source: str = "", job_id: str | None = None,
+                          rank: int | None = None, base_offset: int = 0) -> tuple[pd.DataFrame, int]:
+    """Checkpoint lines: ``kind`` is save (started), saved (committed), load or loaded.
+
+    Megatron prints ``saving checkpoint at iteration N to PATH``, ``successfully saved
+    checkpoint from iteration N to PATH`` (``at`` in older versions), ``loading checkpoint
+    from PATH at iteration N`` and ``successfully loaded checkpoint from PATH ... at
+    iteration N``. A save without its "saved" is a torn checkpoint; a "loaded" marks the
+    step a restart resumed from. ``offset`` is the position in the file, to order these
+    against error lines. ``skipped`` is always 0: a garbled checkpoint line is just not one.
+    """
+    recs = []
+    for m in _CHECKPOINT_RE.finditer(text):
+        g = m.groupdict()
+        for kind in ("save", "saved", "load", "loaded"):
+            if g[kind]:
+                it = g[f"{kind}_it"]
+                recs.append((source, job_id, rank, base_offset + m.start(), kind,
+                             int(it) if len(it) < 16 else None, g.get(f"{kind}_path")))
+                break
+    return pd.DataFrame(recs, columns=CHECKPOINT_COLUMNS), 0
