@@ -136,22 +136,32 @@ def num_microbatches(job: Job) -> int:
     return max(1, job.training.global_batch_size // denom) if denom > 0 else 1
 
 
-def stage_memory(job: Job, shape: Shape | None = None, attention: str = "fused") -> list[StageMemory]:
-    """Memory of every pipeline stage (see the module docstring for each term)."""
+def distinct_stages(pp: int) -> list[int]:
+    """Stages that can be the worst: 0 (embedding, most in flight), 1 (more layers when the
+    embedding counts as one), and the last (output layer, logits). Stages in between hold the
+    same layers as stage 1 with fewer microbatches in flight, so they never exceed it."""
+    return sorted({0, min(1, pp - 1), pp - 1})
+
+
+def stage_memory(job: Job, shape: Shape | None = None, attention: str = "fused",
+                 stages: list[int] | None = None) -> list[StageMemory]:
+    """Memory of each pipeline stage in ``stages`` (all by default; see the module docstring)."""
     p = job.parallelism
     shape = shape or shape_of(job.model, p.tp)
-    tp, pp, cp, ep = max(1, p.tp), max(1, p.pp), max(1, p.cp), max(1, p.ep)
-    dp = max(1, job.dp)
+    tp, pp, cp, ep = p.tp or 1, p.pp or 1, p.cp or 1, p.ep or 1
+    dp = job.world_size // (tp * pp * cp) or 1
     w_b, g_b, o_b = bytes_per_param(job.training.precision)
     shard = dp * cp if p.distributed_optimizer else 1
     expert_shard = max(1.0, dp * cp / ep) if p.distributed_optimizer else 1.0
-    m = num_microbatches(job)
+    m = max(1, job.training.global_batch_size // (job.training.micro_batch_size * dp))
     per_layer_act = layer_activation_bytes(shape, job, attention)
     full = p.recompute == "full"
     stored_per_layer = layer_checkpoint_bytes(shape, job) if full else per_layer_act
     tokens = job.training.micro_batch_size * shape.seq / cp
     out = []
-    for k, layers in enumerate(stage_layers(shape.layers, p)):
+    per_stage = stage_layers(shape.layers, p)
+    for k in (range(pp) if stages is None else stages):
+        layers = per_stage[k]
         dense = layers * (shape.attn_params + shape.dense_mlp_params) / tp + layers * shape.norm_params
         experts = layers * (shape.num_experts / ep) * shape.expert_params / tp
         if k == 0:
@@ -186,7 +196,8 @@ def stage_memory(job: Job, shape: Shape | None = None, attention: str = "fused")
 
 def worst_stage(job: Job, shape: Shape | None = None, attention: str = "fused") -> StageMemory:
     """The stage with the largest total: the one that decides whether the layout fits."""
-    return max(stage_memory(job, shape, attention), key=lambda s: s.total)
+    stages = distinct_stages(max(1, job.parallelism.pp))
+    return max(stage_memory(job, shape, attention, stages), key=lambda s: s.total)
 
 
 def format_breakdown(s: StageMemory) -> str:

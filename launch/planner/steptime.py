@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from analysis.flops import flops_breakdown, peak_flops
 from launch.config import Job
-from launch.planner.memory import layer_activation_bytes, num_microbatches
+from launch.planner.memory import distinct_stages, layer_activation_bytes, num_microbatches
 from launch.planner.shapes import Shape, chunks, shape_of, stage_layers
 
 GB = 1e9  # bandwidths in the cluster config are GB/s (10**9 bytes)
@@ -145,7 +145,8 @@ def step_time(job: Job, shape: Shape | None = None, flops: dict | None = None, a
 
     layers = stage_layers(shape.layers, p)
     stage_times = []
-    for k, n in enumerate(layers):
+    for k in distinct_stages(pp):  # the stages in between equal stage 1
+        n = layers[k]
         compute = n * (t_layer + t_elem) + (t_logits + t_elem_logits if k == pp - 1 else 0.0)
         comm = n * (tp_layer + cp_layer + ep_layer)
         stage_times.append((compute + comm + p2p, compute, n * tp_layer, n * cp_layer, n * ep_layer))
@@ -185,7 +186,8 @@ def _stage_params(shape: Shape, job: Job, layers: list[float]) -> float:
     p = job.parallelism
     tp, pp, ep = max(1, p.tp), max(1, p.pp), max(1, p.ep)
     best = 0.0
-    for k, n in enumerate(layers):
+    for k in distinct_stages(pp):
+        n = layers[k]
         params = n * ((shape.attn_params + shape.dense_mlp_params) / tp + shape.norm_params)
         params += n * shape.num_experts / ep * shape.expert_params / tp
         if k == 0:

@@ -1,0 +1,108 @@
+"""``python launch/plan.py <the same overrides as pretrain.py>``: does it fit, how fast, what it costs.
+
+Prints the planner's estimate for the composed layout as a table, or one JSON object with
+``plan.format=json``. With ``parallelism=auto`` it ranks every valid layout first and reports
+the winner. Runs on a login node: no torch, no megatron, well under a second.
+
+``main(cfg)`` is thin so tests call it with a composed config; ``@hydra.main`` wraps it only
+when run as a script.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Callable, Union
+
+if __package__ in (None, ""):  # python launch/plan.py: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from omegaconf import DictConfig  # noqa: E402
+
+from launch.compose import to_job  # noqa: E402
+from launch.config import Job  # noqa: E402
+from launch.planner import budget_problems, estimate, lead_time_problems, memory_problems  # noqa: E402
+from launch.planner.estimate import Estimate  # noqa: E402
+from launch.planner.layouts import NoLayoutFits, choose_layout  # noqa: E402
+
+
+def format_estimate(job: Job, est: Estimate) -> str:
+    """The estimate as a short human table: memory by term, step time by cause, run cost."""
+    c = job.cluster
+    mem = est.breakdown["memory"]
+    lines = [
+        f"layout {est.layout} on {est.world_size} GPUs ({c.nodes} x {c.gpus_per_node} {c.gpu}), dp {job.dp}, "
+        f"gbs {job.training.global_batch_size}, mbs {job.training.micro_batch_size}",
+        f"memory per GPU, worst stage {mem['stage']} ({mem['layers']:g} layers), GiB: weights {mem['weights']:.1f}"
+        f" + grads {mem['grads']:.1f} + optimizer {mem['optimizer']:.1f} + activations {mem['activations']:.1f}"
+        f" ({mem['activations_per_microbatch']:.2f}/microbatch x {mem['inflight_microbatches']:g} in flight)"
+        f" + embedding/logits {mem['embedding_logits']:.1f} + workspace {mem['workspace']:.1f}"
+        f" = {est.memory_gb_per_gpu:.1f} of {c.gpu_memory_gb:g}: {'fits' if est.fits else 'DOES NOT FIT'}",
+    ]
+    st = est.breakdown.get("step_time")
+    if st:
+        lines.append(
+            f"step time {est.step_time_s:.3f} s ({st['microbatches']} microbatches): compute {st['compute_s']:.3f}"
+            f" + tp {st['tp_comm_s']:.3f} + bubble {st['pp_bubble_s']:.3f} + pp sends {st['pp_p2p_s']:.3f}"
+            f" + cp {st['cp_comm_s']:.3f} + ep {st['ep_comm_s']:.3f} + dp exposed {st['dp_comm_s']:.3f}")
+        lines.append(f"throughput {est.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {100 * est.mfu:.1f}%"
+                     f" (HFU {100 * est.hfu:.1f}%)")
+    if est.gpu_hours_total is not None:
+        lines.append(
+            f"run: {est.train_iters:,} iterations -> {est.wall_time_h_total:,.1f} h wall "
+            f"({est.wall_time_h_total / 24:,.1f} days), {est.gpu_hours_total:,.0f} GPU-hours")
+    interval = f", every {est.checkpoint_interval} steps" if est.checkpoint_interval else ""
+    lines.append(f"checkpoint {est.checkpoint_gb:,.1f} GB, save {est.save_time_s:.3g} s at "
+                 f"{c.fs_write_bandwidth_gbs:g} GB/s{interval}")
+    if est.note:
+        lines.append(f"note: {est.note}")
+    return "\n".join(lines)
+
+
+def plan(job: Job) -> tuple[str, int]:
+    """(text to print, exit status) for ``job``; pure apart from computing."""
+    as_json = job.plan.format == "json"
+    table = ""
+    if job.parallelism.name == "auto":
+        try:
+            job, table = choose_layout(job)
+        except NoLayoutFits as exc:
+            if as_json:
+                return json.dumps({"fits": False, "error": "no valid layout fits", "table": str(exc)}), 1
+            return str(exc), 1
+    est = estimate(job)
+    problems = memory_problems(job) + budget_problems(job, est) + lead_time_problems(job, est)
+    if as_json:
+        out = est.to_dict()
+        out["problems"] = [str(p) for p in problems]
+        if table:
+            out["ranked_table"] = table
+        return json.dumps(out, sort_keys=True, default=float), 0
+    text = ([table, "", f"chosen: parallelism.name={job.parallelism.name}", ""] if table else [])
+    text.append(format_estimate(job, est))
+    if problems:
+        text.append("")
+        text.extend(f"problem: {p}" for p in problems)
+    return "\n".join(text), 0
+
+
+def main(cfg: Union[DictConfig, Job], out: Callable[[str], None] = print) -> int:
+    """Entry point: compose -> plan -> print. Returns the exit status (1 if nothing fits)."""
+    job = cfg if isinstance(cfg, Job) else to_job(cfg)
+    text, status = plan(job)
+    out(text)
+    return status
+
+
+if __name__ == "__main__":
+    import hydra
+
+    from launch.config import register_configs
+
+    register_configs()
+
+    @hydra.main(config_path="../hydra_conf", config_name="config", version_base="1.3")
+    def _hydra_main(cfg: DictConfig) -> None:
+        sys.exit(main(cfg))
+
+    _hydra_main()
