@@ -88,7 +88,7 @@ _RAW_COLUMNS = [
     "tflops_per_gpu", "mfu_pct", "lr", "global_batch_size", "lm_loss", "loss_scale",
     "grad_norm", "skipped_iters", "nan_iters",
 ]
-ITERATION_COLUMNS = ["source", "job_id", "rank", "seq"] + _RAW_COLUMNS
+ITERATION_COLUMNS = ["source", "job_id", "rank", "seq", "offset"] + _RAW_COLUMNS
 _INT_LIMIT = 2**53  # larger iteration numbers are garbage, not progress
 
 _CHECKPOINT_RE = re.compile(
@@ -178,7 +178,8 @@ def _to_time(values) -> pd.Series:
 
 
 def parse_iteration_text(text: str, *, source: str = "", job_id: str | None = None,
-                         rank: int | None = None) -> tuple[pd.DataFrame, int]:
+                         rank: int | None = None, offsets: bool = False,
+                         base_offset: int = 0) -> tuple[pd.DataFrame, int]:
     """Iteration rows of ``text`` (any mix of lines) and the count of unreadable ones.
 
     A row needs an iteration number and either the elapsed time or the loss; a line that
@@ -186,14 +187,22 @@ def parse_iteration_text(text: str, *, source: str = "", job_id: str | None = No
     output, numbers out of range) counts as skipped. Values Megatron prints as ``nan`` or
     ``inf`` stay NaN/inf: they are data (a NaN loss is an interruption cause), not errors.
     """
-    rows = _BODY_RE.findall(text)
+    starts: list[int] = []
+    if offsets:  # slower: a match object per line, to order rows against error lines
+        found = [(m.start(),) + m.groups() for m in _BODY_RE.finditer(text)]
+        starts = [f[0] for f in found]
+        rows = [f[1:] for f in found]
+    else:
+        rows = _BODY_RE.findall(text)
     stamps = _TS_RE.findall(text) if rows and "[" in text else []
     if len(stamps) == len(rows):
         cols = [stamps] + list(zip(*rows)) if rows else [[] for _ in _RAW_COLUMNS]
     elif not stamps:
         cols = [[""] * len(rows)] + list(zip(*rows))
     else:  # some lines with, some without a timestamp: match line by line
-        rows = _ITERATION_RE.findall(text)
+        found = [(m.start(),) + m.groups() for m in _ITERATION_RE.finditer(text)]
+        starts = [f[0] for f in found]
+        rows = [f[1:] for f in found]
         cols = list(zip(*rows)) if rows else [[] for _ in _RAW_COLUMNS]
     candidates = len(_ITERATION_CANDIDATE_RE.findall(text))
     n = len(rows)
@@ -203,6 +212,8 @@ def parse_iteration_text(text: str, *, source: str = "", job_id: str | None = No
             "job_id": np.full(n, job_id, dtype=object),
             "rank": np.full(n, rank, dtype=object),
             "seq": np.arange(n, dtype="int64"),
+            "offset": (np.asarray(starts, dtype="int64") + base_offset) if len(starts) == n
+            else np.full(n, -1, dtype="int64"),
             "timestamp": _to_time(cols[0]),
             **{c: _to_float(v) for c, v in zip(_RAW_COLUMNS[1:], cols[1:])},
         }
@@ -225,7 +236,8 @@ def parse_iteration_lines(lines: pd.Series | list[str], **ids) -> tuple[pd.DataF
 
 
 def parse_iterations_file(path: str | os.PathLike, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                          job_id: str | None = None, rank: int | None = None) -> tuple[pd.DataFrame, int]:
+                          job_id: str | None = None, rank: int | None = None,
+                          offsets: bool = False) -> tuple[pd.DataFrame, int]:
     """All iteration rows of one log file, read in newline-cut chunks (bounded memory).
 
     ``job_id``/``rank`` default to what the file name says (:func:`source_ids`).
@@ -234,8 +246,9 @@ def parse_iterations_file(path: str | os.PathLike, *, chunk_bytes: int = DEFAULT
     job_id = job_id if job_id is not None else fj
     rank = rank if rank is not None else fr
     frames, skipped = [], 0
-    for _, text in iter_text_chunks(path, chunk_bytes):
-        df, sk = parse_iteration_text(text, source=str(path), job_id=job_id, rank=rank)
+    for off, text in iter_text_chunks(path, chunk_bytes):
+        df, sk = parse_iteration_text(text, source=str(path), job_id=job_id, rank=rank,
+                                      offsets=offsets, base_offset=off)
         frames.append(df)
         skipped += sk
     if not frames:

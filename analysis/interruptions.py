@@ -1,0 +1,338 @@
+"""Attempts, interruptions and goodput: join the training log with Slurm's records.
+
+An *attempt* is one allocation that ran training: ``(job, attempt)`` where ``attempt`` is
+Slurm's restart count (``sacct -D`` row order, ``restart_count`` in the event log) or, for
+a log alone, the n-th restart seen in the file (the iteration number going back). Every
+attempt that ended without finishing the run is an *interruption*; its cause is the most
+specific evidence found (:data:`analysis.signatures.CAUSE_PRIORITY`): the slurmstepd
+cancel line, the sacct state, error signatures in any rank's output, a NaN loss in the
+last logged step, and the event log's signal/stop records.
+
+Goodput = productive training time / allocated time. Productive is the logged step time of
+steps that were kept; steps redone after a restart are *lost work*; checkpoint saves come
+from the event log; everything else inside the allocations (start-up, loading, teardown,
+hangs) is *restart overhead*. Queue wait (submit to start) is outside the allocation and
+reported beside it. With GPU counts known the times are GPU-weighted (GPU-hours).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.parse_slurm import SACCT_STATE_CAUSE
+from analysis.signatures import CAUSE_PRIORITY
+
+__all__ = ["ATTEMPT_COLUMNS", "INTERRUPTION_COLUMNS", "assign_attempts", "build_attempts",
+           "interruptions", "goodput", "job_key"]
+
+ATTEMPT_COLUMNS = [
+    "job", "attempt", "submit", "start", "end", "state", "gpus", "first_step", "last_step",
+    "first_step_time", "last_step_time", "resumed_from", "n_iterations", "step_time_s",
+    "productive_s", "lost_s", "checkpoint_s", "cause", "evidence", "finished", "ended",
+]
+INTERRUPTION_COLUMNS = [
+    "job", "attempt", "time", "slurm_state", "cause", "evidence", "last_step", "resumed_from",
+    "steps_lost", "gpu_hours_lost", "queue_wait_s", "restart_latency_s",
+]
+
+
+def job_key(job_id, source: str | None = None) -> tuple[str, int | None]:
+    """(job, attempt hint): ``local-3`` -> (``local``, 3); None -> the source file name."""
+    if job_id is None or (isinstance(job_id, float) and np.isnan(job_id)):
+        return (Path(str(source)).name if source else "?"), None
+    j = str(job_id)
+    if j.startswith("local-") and j[6:].isdigit():
+        return "local", int(j[6:])
+    return j, None
+
+
+def _file_segments(df: pd.DataFrame) -> pd.Series:
+    """Restart index inside each source file: +1 where the iteration does not increase."""
+    if df.empty:
+        return pd.Series(dtype="int64")
+    order = df.sort_values(["source", "offset", "seq"], kind="stable")
+    back = order.groupby("source")["iteration"].diff().le(0).astype("int64")
+    return back.groupby(order["source"]).cumsum().reindex(df.index)
+
+
+def assign_attempts(iters: pd.DataFrame, windows: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Add ``job`` and ``attempt`` to iteration rows.
+
+    With attempt start times (``windows``: job, attempt, start) and timestamped rows, a row
+    belongs to the last attempt of its job that started before it. Otherwise the attempt is
+    the file name's hint (local runs) or the restart index within the file.
+    """
+    out = iters.copy()
+    keys = [job_key(j, s) for j, s in zip(out["job_id"], out["source"])]
+    out["job"] = [k[0] for k in keys]
+    hint = pd.Series([k[1] for k in keys], index=out.index, dtype="Int64")
+    seg = _file_segments(out)
+    out["attempt"] = hint.fillna(seg if len(seg) else 0).astype("Int64") if len(out) else pd.Series(dtype="Int64")
+    if windows is not None and not windows.empty and out["timestamp"].notna().any():
+        w = windows.dropna(subset=["start"]).sort_values("start")
+        timed = out[out["timestamp"].notna() & out["job"].isin(w["job"])]
+        if not timed.empty:
+            m = pd.merge_asof(
+                timed.reset_index().sort_values("timestamp"),
+                w[["job", "attempt", "start"]].rename(columns={"attempt": "_att"}),
+                left_on="timestamp", right_on="start", by="job", direction="backward",
+            ).set_index("index")
+            out.loc[m.index, "attempt"] = m["_att"].fillna(out.loc[m.index, "attempt"]).astype("Int64")
+    return out
+
+
+def _place_by_offset(rows: pd.DataFrame, iters: pd.DataFrame) -> pd.Series:
+    """Attempt of error/checkpoint rows: that of the nearest iteration row of the same file
+    before it (after it, if none before); the job's last attempt if the file has none."""
+    att = pd.Series(pd.NA, index=rows.index, dtype="Int64")
+    if rows.empty or iters.empty:
+        return att
+    for src, grp in rows.groupby("source"):
+        it = iters[iters["source"] == src].sort_values("offset")
+        if it.empty or (it["offset"] < 0).all():
+            continue
+        pos = np.searchsorted(it["offset"].to_numpy(), grp["offset"].to_numpy(), side="right") - 1
+        pos = np.clip(pos, 0, len(it) - 1)
+        att.loc[grp.index] = it["attempt"].to_numpy()[pos]
+    return att
+
+
+def build_attempts(
+    iters: pd.DataFrame,
+    sigs: pd.DataFrame | None = None,
+    ckpts: pd.DataFrame | None = None,
+    events: pd.DataFrame | None = None,
+    sacct: pd.DataFrame | None = None,
+    *,
+    gpus: int | None = None,
+    train_iters: int | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One row per attempt (:data:`ATTEMPT_COLUMNS`) and the iteration rows with
+    ``job``/``attempt``/``kept`` added. ``gpus`` is used where sacct does not say."""
+    sigs = sigs if sigs is not None else pd.DataFrame(columns=["source", "job_id", "offset", "kind", "cause", "at"])
+    ckpts = ckpts if ckpts is not None else pd.DataFrame(columns=["source", "job_id", "offset", "kind", "iteration"])
+    events = events if events is not None else pd.DataFrame(columns=["time", "ts", "event", "job_id", "restart_count"])
+
+    # --- attempt windows: sacct allocation rows, else the event log ---------------------
+    win = pd.DataFrame(columns=["job", "attempt", "submit", "start", "end", "state", "gpus"])
+    if sacct is not None and not sacct.empty and "is_alloc" in sacct:
+        a = sacct[sacct["is_alloc"]]
+        win = pd.DataFrame({
+            "job": a["job"].astype(str), "attempt": a["attempt"].astype("Int64"),
+            "submit": a.get("submit"), "start": a.get("start"), "end": a.get("end"),
+            "state": a.get("state"), "gpus": a.get("gpus"),
+        })
+    ev = events.copy()
+    if not ev.empty:
+        keys = [job_key(j) for j in ev["job_id"]]
+        ev["job"] = [k[0] if j is not None else "local" for k, j in zip(keys, ev["job_id"])]
+        ev["attempt"] = pd.to_numeric(ev["restart_count"], errors="coerce").fillna(
+            pd.Series([k[1] for k in keys], index=ev.index, dtype="float64")).fillna(0).astype("Int64")
+        g = ev.groupby(["job", "attempt"])
+        ev_win = pd.DataFrame({"ev_start": g["ts"].min(), "ev_end": g["ts"].max()}).reset_index()
+        win = win.merge(ev_win, on=["job", "attempt"], how="outer")
+        win["start"] = win["start"].fillna(win["ev_start"]) if "start" in win else win["ev_start"]
+        win["end"] = win["end"].fillna(win["ev_end"])
+        win = win.drop(columns=["ev_start", "ev_end"])
+    win["attempt"] = win["attempt"].astype("Int64")
+
+    it = assign_attempts(iters, win)
+    # --- productive vs redone steps ----------------------------------------------------
+    it = it.sort_values(["job", "attempt", "iteration", "seq"], kind="stable")
+    span = it.groupby(["job", "attempt"])["iteration"].diff()
+    # the first logged line of an attempt covers one log interval: the attempt's usual span
+    usual = span.groupby([it["job"], it["attempt"]]).transform("median")
+    it["span"] = span.fillna(usual).fillna(1).clip(lower=1)
+    it["step_s"] = it["elapsed_ms"].fillna(0) / 1000.0 * it["span"]
+    # a step is kept if no later attempt of the job logged it again
+    later_min = (
+        it.groupby(["job", "attempt"])["iteration"].min().groupby(level="job")
+        .transform(lambda s: s[::-1].cummin()[::-1].shift(-1))
+    )
+    nxt = later_min.rename("next_first").reset_index()
+    it = it.merge(nxt, on=["job", "attempt"], how="left")
+    it["kept"] = it["next_first"].isna() | (it["iteration"] < it["next_first"])
+
+    sg = sigs.copy()
+    if not sg.empty:
+        sg["job"] = [job_key(j, s)[0] for j, s in zip(sg["job_id"], sg["source"])]
+        sg["attempt"] = _place_by_offset(sg, it)
+    ck = ckpts.copy()
+    if not ck.empty:
+        ck["job"] = [job_key(j, s)[0] for j, s in zip(ck["job_id"], ck["source"])]
+        ck["attempt"] = _place_by_offset(ck, it)
+
+    # --- one row per attempt ------------------------------------------------------------
+    g = it.groupby(["job", "attempt"])
+    per = pd.DataFrame({
+        "first_step": g["iteration"].min(), "last_step": g["iteration"].max(),
+        "first_step_time": g["timestamp"].min(), "last_step_time": g["timestamp"].max(),
+        "n_iterations": g.size(), "step_time_s": g["elapsed_ms"].median() / 1000.0,
+        "productive_s": it[it["kept"]].groupby(["job", "attempt"])["step_s"].sum(),
+        "lost_s": it[~it["kept"]].groupby(["job", "attempt"])["step_s"].sum(),
+        "last_loss": g["lm_loss"].last(), "last_grad_norm": g["grad_norm"].last(),
+        "max_train_iters": g["train_iters"].max(),
+    }).reset_index()
+    att = win.merge(per, on=["job", "attempt"], how="outer") if not win.empty else per
+    for c in ("submit", "start", "end", "state", "gpus"):
+        if c not in att:
+            att[c] = pd.NA if c in ("state", "gpus") else pd.NaT
+    if not sg.empty and "at" in sg and sg["at"].notna().any():
+        # a bare log: Slurm's cancel time is the best end time there is
+        at = sg[sg["at"].notna()].groupby(["job", "attempt"])["at"].max().rename("_at").reset_index()
+        at["attempt"] = at["attempt"].astype("Int64")
+        att = att.merge(at, on=["job", "attempt"], how="left")
+        att["end"] = att["end"].fillna(att.pop("_at"))
+    if gpus is not None:
+        att["gpus"] = pd.to_numeric(att["gpus"], errors="coerce").fillna(gpus)
+    att = att.sort_values(["job", "attempt"], kind="stable").reset_index(drop=True)
+    att["productive_s"] = att["productive_s"].fillna(0.0)
+    att["lost_s"] = att["lost_s"].fillna(0.0)
+
+    # --- evidence per attempt -------------------------------------------------------------
+    evidence: dict[tuple, list[tuple[str, str]]] = {}
+
+    def add(job, attempt, cause, what):
+        if cause:
+            evidence.setdefault((job, attempt), []).append((cause, what))
+
+    for r in att.itertuples():
+        c = SACCT_STATE_CAUSE.get(str(r.state)) if isinstance(r.state, str) else None
+        add(r.job, r.attempt, c, f"sacct {r.state}")
+        bad = [v for v in (r.last_loss, r.last_grad_norm) if v is not None and not pd.isna(v) and not np.isfinite(v)]
+        if bad:
+            add(r.job, r.attempt, "nan", "non-finite loss/grad norm in the last logged step")
+    for r in sg.itertuples() if not sg.empty else []:
+        if isinstance(r.cause, str):
+            attempt = r.attempt if not pd.isna(r.attempt) else _last_attempt(att, r.job)
+            add(r.job, attempt, r.cause, r.kind)
+    if not ev.empty:
+        for r in ev.itertuples():
+            if r.event == "signal":
+                sig = str(getattr(r, "signal", "") or "")
+                if "USR1" in sig:
+                    add(r.job, r.attempt, "time_limit", f"event signal {sig} (time-limit warning)")
+            elif r.event == "stop" and str(getattr(r, "reason", "")) == "crash":
+                add(r.job, r.attempt, "unknown", "event stop crash")
+            elif r.event == "exit" and str(getattr(r, "reason", "")) == "error":
+                add(r.job, r.attempt, "unknown", "event exit error")
+
+    finished_ev = set()
+    ckpt_s: dict[tuple, float] = {}
+    resume_step: dict[tuple, int] = {}
+    ended_ev = set()
+    if not ev.empty:
+        for r in ev.itertuples():
+            key = (r.job, r.attempt)
+            if r.event == "train_end" or (r.event == "exit" and str(getattr(r, "reason", "")) == "completed"):
+                finished_ev.add(key)
+            if r.event in ("exit", "stop", "requeue"):
+                ended_ev.add(key)
+            if r.event == "checkpoint_saved":
+                ckpt_s[key] = ckpt_s.get(key, 0.0) + float(pd.to_numeric(getattr(r, "seconds", 0), errors="coerce") or 0.0)
+            if r.event == "resume" and not pd.isna(r.step):
+                resume_step[key] = int(r.step)
+    if not ck.empty:
+        for r in ck[ck["kind"] == "loaded"].itertuples():
+            key = (r.job, r.attempt if not pd.isna(r.attempt) else _last_attempt(att, r.job))
+            if pd.notna(r.iteration):
+                resume_step.setdefault(key, int(r.iteration))
+
+    causes, evid, finished, ended, resumed, ckpt_col = [], [], [], [], [], []
+    for r in att.itertuples():
+        key = (r.job, r.attempt)
+        items = evidence.get(key, [])
+        cause = min((c for c, _ in items), key=CAUSE_PRIORITY.index, default=None)
+        causes.append(cause)
+        evid.append("; ".join(sorted({w for _, w in items})))
+        target = train_iters or (r.max_train_iters if pd.notna(r.max_train_iters) else None)
+        fin = (key in finished_ev or str(r.state) == "COMPLETED"
+               or (target is not None and pd.notna(r.last_step) and r.last_step >= target))
+        finished.append(bool(fin))
+        ended.append(bool(items) or key in ended_ev or (pd.notna(r.end) and str(r.state) not in ("RUNNING", "PENDING", "<NA>", "nan")))
+        resumed.append(resume_step.get(key, (int(r.first_step) - 1) if pd.notna(r.first_step) else pd.NA))
+        ckpt_col.append(ckpt_s.get(key, 0.0))
+    att["cause"] = causes
+    att["evidence"] = evid
+    att["finished"] = finished
+    att["ended"] = ended
+    att["resumed_from"] = pd.array(resumed, dtype="Int64")
+    att["checkpoint_s"] = ckpt_col
+    return att[ATTEMPT_COLUMNS], it
+
+
+def _last_attempt(att: pd.DataFrame, job: str):
+    a = att.loc[att["job"] == job, "attempt"]
+    return a.max() if len(a) else 0
+
+
+def interruptions(att: pd.DataFrame) -> pd.DataFrame:
+    """One row per interrupted attempt (:data:`INTERRUPTION_COLUMNS`).
+
+    An attempt is interrupted if it ended (any evidence, an end time or a later attempt)
+    without finishing the run. ``steps_lost`` = last step reached - step the next attempt
+    resumed from; ``gpu_hours_lost`` prices them at the logged step times;
+    ``restart_latency_s`` = end of this attempt (the requeue) to the next attempt's first
+    logged step; ``queue_wait_s`` = the next attempt's submit (requeue) to start.
+    """
+    rows = []
+    for job, grp in att.groupby("job", sort=False):
+        grp = grp.sort_values("attempt")
+        recs = list(grp.itertuples())
+        for i, r in enumerate(recs):
+            nxt = recs[i + 1] if i + 1 < len(recs) else None
+            if r.finished or not (r.ended or nxt is not None):
+                continue
+            cause = r.cause if isinstance(r.cause, str) else "unknown"
+            when = r.end if pd.notna(r.end) else r.last_step_time
+            resumed = nxt.resumed_from if nxt is not None else pd.NA
+            lost = (int(r.last_step) - int(resumed)) if pd.notna(r.last_step) and pd.notna(resumed) else pd.NA
+            lost = max(lost, 0) if lost is not pd.NA else pd.NA
+            gpus = r.gpus if pd.notna(r.gpus) else np.nan
+            gh = (lost * r.step_time_s * gpus / 3600.0) if lost is not pd.NA and pd.notna(r.step_time_s) else np.nan
+            qw = ((nxt.start - nxt.submit).total_seconds()
+                  if nxt is not None and pd.notna(nxt.start) and pd.notna(nxt.submit) else np.nan)
+            lat = ((nxt.first_step_time - r.end).total_seconds()
+                   if nxt is not None and pd.notna(nxt.first_step_time) and pd.notna(r.end) else np.nan)
+            rows.append((job, r.attempt, when, r.state if isinstance(r.state, str) else None, cause, r.evidence,
+                         r.last_step, resumed, lost, gh, qw, lat))
+    df = pd.DataFrame(rows, columns=INTERRUPTION_COLUMNS)
+    for c in ("last_step", "resumed_from", "steps_lost"):
+        df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")
+    return df
+
+
+def goodput(att: pd.DataFrame) -> dict:
+    """Goodput and its breakdown over all attempts.
+
+    ``allocated_s`` sums (end - start) of attempts that have both (GPU-weighted as
+    ``allocated_gpu_h`` when GPU counts are known). ``restart_overhead_s`` is what is left
+    of the allocation after productive, lost and checkpoint time. ``goodput`` is None when
+    no allocation window is known (a bare log file): then only step times are reported.
+    """
+    timed = att[att["start"].notna() & att["end"].notna()]
+    wall = (timed["end"] - timed["start"]).dt.total_seconds().clip(lower=0)
+    allocated = float(wall.sum())
+    prod = float(timed["productive_s"].sum())
+    lost = float(timed["lost_s"].sum())
+    ckpt = float(timed["checkpoint_s"].sum())
+    overhead = max(allocated - prod - lost - ckpt, 0.0)
+    qw = (att["start"] - att["submit"]).dt.total_seconds().clip(lower=0)
+    gpus = pd.to_numeric(timed["gpus"], errors="coerce")
+    out = {
+        "allocated_s": allocated,
+        "productive_s": prod,
+        "lost_work_s": lost,
+        "checkpoint_s": ckpt,
+        "restart_overhead_s": overhead,
+        "queue_wait_s": float(qw.sum()) if qw.notna().any() else None,
+        "goodput": (prod / allocated) if allocated > 0 else None,
+        "productive_s_all_attempts": float(att["productive_s"].sum()),
+        "lost_work_s_all_attempts": float(att["lost_s"].sum()),
+    }
+    if gpus.notna().all() and len(gpus):
+        out["allocated_gpu_h"] = float((wall * gpus).sum() / 3600.0)
+        out["productive_gpu_h"] = float((timed["productive_s"] * gpus).sum() / 3600.0)
+    return out

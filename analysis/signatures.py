@@ -1,0 +1,100 @@
+"""Error signatures in job output: what ended (or is about to end) a training attempt.
+
+Each hit becomes a row with a ``kind`` and, where the kind names a cause of an
+interruption, a ``cause`` from :data:`CAUSES`. The report picks one cause per
+interruption with :data:`CAUSE_PRIORITY` (a dead node makes NCCL time out on every other
+node, so the node failure, not the timeout, is the cause).
+
+Patterns follow the text the tools really print:
+
+* Slurm ``slurmstepd``: ``*** JOB 1999616 ON r6i4n5 CANCELLED AT 2021-05-27T21:42:11 DUE TO
+  TIME LIMIT ***`` (also ``DUE TO PREEMPTION``, ``DUE TO NODE FAILURE``); without ``DUE TO``
+  it is a plain ``scancel`` (user cancel). ``*** STEP ...`` lines repeat the job line.
+* PyTorch's NCCL watchdog: ``Watchdog caught collective operation timeout``.
+* CUDA OOM: ``CUDA out of memory`` / ``torch.OutOfMemoryError``; the kernel OOM killer via
+  ``slurmstepd: error: Detected 1 oom_kill event``.
+* GPU Xid (kernel log, or forwarded by health checks): ``NVRM: Xid (PCI:0000:3b:00): 79, ...``.
+* NaN/Inf: Megatron's ``found NaN in local grad norm``, rerun-machine messages, and
+  ``lm loss: nan`` / ``grad norm: inf`` fields.
+"""
+from __future__ import annotations
+
+import re
+
+import pandas as pd
+
+__all__ = ["CAUSES", "CAUSE_PRIORITY", "SIGNATURE_COLUMNS", "parse_signature_text", "slurm_reason_cause"]
+
+CAUSES = [
+    "time_limit", "preemption", "node_failure", "nccl_timeout", "oom", "nan", "xid", "user_cancel", "unknown",
+]
+# Most specific root cause first.
+CAUSE_PRIORITY = ["node_failure", "xid", "oom", "nan", "nccl_timeout", "preemption", "time_limit", "user_cancel", "unknown"]
+
+_SLURM_REASONS = {
+    "TIME LIMIT": "time_limit",
+    "PREEMPTION": "preemption",
+    "NODE FAILURE": "node_failure",
+    "NODE_FAIL": "node_failure",
+}
+
+
+def slurm_reason_cause(reason: str | None) -> str:
+    """Cause for the ``DUE TO ...`` text of a slurmstepd cancel line (None: user cancel)."""
+    if reason is None or reason == "":
+        return "user_cancel"
+    return _SLURM_REASONS.get(reason.strip().upper(), "unknown")
+
+
+_SIGNATURE_RE = re.compile(
+    r"(?P<cancel>\*\*\* (?P<scope>JOB|STEP) (?P<sjob>[0-9][0-9_.+A-Za-z]*) ON (?P<host>[^ \t\n]+) "
+    r"CANCELLED AT (?P<at>[0-9T:\-]+)(?: DUE (?i:to) (?P<reason>[A-Za-z_][A-Za-z_ ]*?))? ?\*\*\*)"
+    r"|(?P<nccl>Watchdog caught collective operation timeout[^\n]{0,200}"
+    r"|ProcessGroupNCCL[^\n]{0,80}?(?:[Tt]imeout|timed out|watchdog)[^\n]{0,120}"
+    r"|NCCL (?:communicator was aborted|watchdog thread terminated|timeout)[^\n]{0,120})"
+    r"|(?P<oom>CUDA out of memory[^\n]{0,160}|OutOfMemoryError[^\n]{0,160}"
+    r"|Detected [0-9]+ oom[-_]kill event[^\n]{0,80})"
+    r"|(?P<xid>NVRM: Xid \([^)\n]*\): (?P<xid_code>[0-9]+)[^\n]{0,120})"
+    r"|(?P<nan>found (?:NaN|Inf|nan|inf) in [^\n]{0,80}|(?:NaN|Inf) detected[^\n]{0,80}"
+    r"|Unexpected result (?:nan|inf)[^\n]{0,80}"
+    r"|(?:lm loss|lm-loss|grad norm): [-+]?(?i:nan|inf)\b)"
+    r"|(?P<nodefail>srun: error: Node failure on [^\n]{0,80})"
+    r"|(?P<signal>received signal (?:SIG)?[A-Z0-9]+|Main process received SIG[A-Z]+[^\n]{0,60}"
+    r"|Killing subprocess [0-9]+)"
+)
+
+SIGNATURE_COLUMNS = ["source", "job_id", "offset", "kind", "cause", "detail", "slurm_job", "host", "at"]
+
+
+def parse_signature_text(text: str, *, source: str = "", job_id: str | None = None,
+                         base_offset: int = 0) -> tuple[pd.DataFrame, int]:
+    """Every error signature in ``text``, in file order, with its cause; ``skipped`` is 0.
+
+    ``kind`` is one of slurm_cancel, nccl_timeout, oom, xid, nan, node_failure, signal.
+    ``cause`` is None for ``signal`` rows (a SIGTERM is a consequence, not a cause).
+    ``at`` is the cancel time Slurm printed (naive local time); NaT for other kinds.
+    """
+    recs = []
+    for m in _SIGNATURE_RE.finditer(text):
+        g = m.groupdict()
+        off = base_offset + m.start()
+        detail = m.group(0)[:240]
+        if g["cancel"]:
+            scope = g["scope"]
+            recs.append((source, job_id, off, "slurm_cancel" if scope == "JOB" else "slurm_step_cancel",
+                         slurm_reason_cause(g["reason"]), detail, g["sjob"], g["host"], g["at"]))
+        elif g["nccl"]:
+            recs.append((source, job_id, off, "nccl_timeout", "nccl_timeout", detail, None, None, None))
+        elif g["oom"]:
+            recs.append((source, job_id, off, "oom", "oom", detail, None, None, None))
+        elif g["xid"]:
+            recs.append((source, job_id, off, "xid", "xid", detail, None, None, None))
+        elif g["nan"]:
+            recs.append((source, job_id, off, "nan", "nan", detail, None, None, None))
+        elif g["nodefail"]:
+            recs.append((source, job_id, off, "node_failure", "node_failure", detail, None, None, None))
+        else:
+            recs.append((source, job_id, off, "signal", None, detail, None, None, None))
+    df = pd.DataFrame(recs, columns=SIGNATURE_COLUMNS)
+    df["at"] = pd.to_datetime(df["at"], format="%Y-%m-%dT%H:%M:%S", errors="coerce")
+    return df, 0
