@@ -8,10 +8,15 @@ Public interface (what the job check, ``launch/plan.py`` and ``launch/pretrain.p
 * :func:`choose_layout` (job) -> (job, table): ``parallelism=auto``.
 * :func:`budget_problems`, :func:`lead_time_problems` (job) -> [Problem].
 
+CLIs: ``python launch/plan.py``, ``python -m launch.planner.simulate`` (goodput under failures),
+``python -m launch.planner.compare <sweep registry>`` (estimated vs measured MFU).
+
 Pure functions over :class:`launch.config.Job`; no torch, no megatron, well under a second.
 """
 from launch.planner.cost import budget_problems, lead_time_problems
 from launch.planner.estimate import Estimate, estimate, layout_name
+from launch.planner.layouts import NoLayoutFits, choose_layout, rank_layouts
 from launch.planner.memory import memory_problems
 
-__all__ = ["Estimate", "budget_problems", "estimate", "layout_name", "lead_time_problems", "memory_problems"]
+__all__ = ["Estimate", "NoLayoutFits", "budget_problems", "choose_layout", "estimate", "layout_name",
+           "lead_time_problems", "memory_problems", "rank_layouts"]

@@ -1,0 +1,117 @@
+"""Measured MFU beside the planner's estimate, for every layout of a sweep.
+
+``python -m launch.planner.compare <run_root>/sweeps/<id>.jsonl`` reads the sweep registry that
+``launch/pretrain.py -m`` writes (one JSON line per member: job id, run dir, layout, status,
+and the planner's estimate for submitted ones), parses each run's iteration lines with
+``analysis.parse_megatron`` and prints estimated vs measured step time and MFU. This is how the
+planner is kept honest: a sweep of short benchmark jobs is its calibration data.
+
+Measured step time is the median ``elapsed time per iteration`` after the warm-up iterations.
+Measured MFU is what the log prints; when a log has no MFU field it is the estimate scaled by
+estimated / measured step time (the FLOPs per step are the same formula on both sides).
+
+Login-node code: pandas, no torch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+WARMUP_ITERS = 2  # the first iterations include compilation, allocator growth and NCCL setup
+
+
+def load_registry(path: str | Path) -> list[dict[str, Any]]:
+    """The registry's entries; unreadable lines are skipped (a sweep may still be appending)."""
+    out = []
+    for line in Path(path).read_text(errors="replace").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(entry, dict):
+            out.append(entry)
+    return out
+
+
+def log_files(run_dir: str | Path, job_id: Optional[str]) -> list[Path]:
+    """The run's Slurm task logs (``logs/<jobid>_<task>.out``); all of them when the id is unknown."""
+    logs = Path(run_dir) / "logs"
+    if not logs.is_dir():
+        return []
+    pattern = f"{job_id}_*.out" if job_id else "*.out"
+    return sorted(p for p in logs.glob(pattern) if p.is_file())
+
+
+def measure(files: Sequence[Path]) -> dict[str, Optional[float]]:
+    """Median step time (s), printed MFU (fraction) and iteration count from the logs' iteration lines."""
+    import pandas as pd
+
+    from analysis.parse_megatron import parse_iterations_file
+
+    frames = [parse_iterations_file(f)[0] for f in files]
+    frames = [f for f in frames if len(f)]
+    if not frames:
+        return {"step_s": None, "mfu": None, "iterations": 0}
+    df = pd.concat(frames, ignore_index=True).drop_duplicates(subset=["iteration"], keep="last")
+    steady = df[df["iteration"] > WARMUP_ITERS]
+    if steady.empty:
+        steady = df
+    step = steady["elapsed_ms"].median()
+    mfu = steady["mfu_pct"].median()
+    return {
+        "step_s": float(step) / 1000 if pd.notna(step) else None,
+        "mfu": float(mfu) / 100 if pd.notna(mfu) else None,
+        "iterations": int(df["iteration"].max()),
+    }
+
+
+def compare(path: str | Path) -> "Any":
+    """One row per registry entry: layout, status, estimated and measured step time and MFU."""
+    import pandas as pd
+
+    rows = []
+    for e in load_registry(path):
+        est = e.get("estimate") or {}
+        row = {
+            "job_id": e.get("job_id"), "layout": est.get("layout") or e.get("layout"), "status": e.get("status"),
+            "est_step_s": est.get("step_time_s"), "est_mfu": est.get("mfu"),
+            "meas_step_s": None, "meas_mfu": None, "iterations": 0,
+            "reasons": "; ".join(e.get("reasons") or []),
+        }
+        if e.get("status") == "submitted" and e.get("run_dir"):
+            m = measure(log_files(e["run_dir"], e.get("job_id")))
+            row.update(meas_step_s=m["step_s"], iterations=m["iterations"], meas_mfu=m["mfu"])
+            if row["meas_mfu"] is None and m["step_s"] and row["est_mfu"] and row["est_step_s"]:
+                row["meas_mfu"] = row["est_mfu"] * row["est_step_s"] / m["step_s"]
+        if row["meas_step_s"] and row["est_step_s"]:
+            row["est_over_meas"] = row["est_step_s"] / row["meas_step_s"]
+        rows.append(row)
+    cols = ["job_id", "layout", "status", "est_step_s", "meas_step_s", "est_mfu", "meas_mfu", "est_over_meas",
+            "iterations", "reasons"]
+    return pd.DataFrame(rows).reindex(columns=cols)
+
+
+def main(argv: Sequence[str] | None = None, out=print) -> int:
+    ap = argparse.ArgumentParser(prog="python -m launch.planner.compare",
+                                 description="estimated vs measured step time and MFU for a sweep")
+    ap.add_argument("registry", help="<run_root>/sweeps/<sweep id>.jsonl")
+    args = ap.parse_args(argv)
+    if not Path(args.registry).is_file():
+        out(f"no such sweep registry: {args.registry}")
+        return 2
+    df = compare(args.registry)
+    if df.empty:
+        out(f"{args.registry}: no entries")
+        return 0
+    out(df.to_string(index=False, float_format=lambda x: f"{x:.4g}", na_rep="-"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
