@@ -1,0 +1,109 @@
+"""PNG plots for the report (matplotlib, Agg backend: no display needed on a login node)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+__all__ = ["CAUSE_COLORS", "plot_timeline", "plot_goodput", "plot_mfu_by_layout"]
+
+CAUSE_COLORS = {
+    "time_limit": "tab:blue", "preemption": "tab:purple", "node_failure": "tab:red",
+    "nccl_timeout": "tab:orange", "oom": "tab:brown", "nan": "tab:pink", "xid": "darkred",
+    "user_cancel": "tab:gray", "unknown": "black",
+}
+
+
+def _x(m: pd.DataFrame) -> tuple[pd.Series, str]:
+    """Wall-clock time if every row has a timestamp, else a running step index."""
+    if len(m) and m["timestamp"].notna().all():
+        return m["timestamp"], "time"
+    return pd.Series(np.arange(len(m)), index=m.index), "logged step (in log order; no timestamps)"
+
+
+def plot_timeline(m: pd.DataFrame, intr: pd.DataFrame, path: Path, title: str = "") -> Path:
+    """Loss and throughput over time, one vertical line per interruption (colour = cause)."""
+    m = m.sort_values(["timestamp", "job", "attempt", "seq"], kind="stable", na_position="last").reset_index(drop=True)
+    x, xlabel = _x(m)
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
+    a1.plot(x, m["lm_loss"], ".-", ms=2, lw=0.8)
+    a1.set_ylabel("lm loss")
+    tput = m["tflops"] if m["tflops"].notna().any() else m["tokens_per_s"]
+    a2.plot(x, tput, ".-", ms=2, lw=0.8, color="tab:green")
+    a2.set_ylabel("TFLOP/s/GPU" if m["tflops"].notna().any() else "tokens/s")
+    if "regressed" in m and m["regressed"].any():
+        r = m["regressed"].fillna(False).astype(bool)
+        a2.plot(x[r], tput[r], "x", color="red", ms=4, label="throughput regression")
+    seen = set()
+    for r in intr.itertuples():
+        if xlabel == "time" and pd.notna(r.time):
+            xv = r.time
+        else:
+            hit = m.index[(m["job"] == r.job) & (m["attempt"] == r.attempt)]
+            if not len(hit):
+                continue
+            xv = x[hit[-1]]
+        for ax in (a1, a2):
+            ax.axvline(xv, color=CAUSE_COLORS.get(r.cause, "black"), ls="--", lw=1,
+                       label=r.cause if (ax is a2 and r.cause not in seen) else None)
+        seen.add(r.cause)
+    if seen or ("regressed" in m and m["regressed"].any()):
+        a2.legend(fontsize=8, loc="best")
+    a2.set_xlabel(xlabel)
+    a1.set_title(title or "loss and throughput; dashed lines: interruptions")
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_goodput(gp: dict, path: Path, title: str = "") -> Path:
+    """One stacked bar of the allocated time (hours), plus queue wait beside it."""
+    parts = [("productive", gp.get("productive_s") or 0.0, "tab:green"),
+             ("lost work", gp.get("lost_work_s") or 0.0, "tab:red"),
+             ("checkpoint", gp.get("checkpoint_s") or 0.0, "tab:blue"),
+             ("restart overhead", gp.get("restart_overhead_s") or 0.0, "tab:orange")]
+    fig, ax = plt.subplots(figsize=(8, 2.8))
+    left = 0.0
+    for name, sec, color in parts:
+        ax.barh(["allocation"], [sec / 3600], left=[left], color=color, label=f"{name} {sec / 3600:.2f} h")
+        left += sec / 3600
+    qw = gp.get("queue_wait_s") or 0.0
+    ax.barh(["queue wait"], [qw / 3600], color="tab:gray", label=f"queue wait {qw / 3600:.2f} h")
+    g = gp.get("goodput")
+    ax.set_xlabel("hours")
+    ax.set_title(title or (f"goodput {g:.1%}" if g is not None else "goodput unknown (no allocation times)"))
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_mfu_by_layout(layouts: pd.DataFrame, path: Path) -> Path:
+    """MFU (and HFU) per layout; TFLOP/s/GPU or tokens/s where the GPU is unknown."""
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    if layouts.empty:
+        ax.text(0.5, 0.5, "no iterations", ha="center", va="center")
+    elif layouts["mfu"].notna().any():
+        xs = np.arange(len(layouts))
+        ax.bar(xs - 0.2, layouts["mfu"] * 100, 0.4, label="MFU")
+        ax.bar(xs + 0.2, layouts["hfu"] * 100, 0.4, label="HFU")
+        ax.set_xticks(xs, layouts["layout"])
+        ax.set_ylabel("% of dense peak")
+        ax.legend(fontsize=8)
+    else:
+        col = "tflops_per_gpu" if layouts["tflops_per_gpu"].notna().any() else "tokens_per_s"
+        ax.bar(layouts["layout"], layouts[col])
+        ax.set_ylabel("TFLOP/s/GPU" if col == "tflops_per_gpu" else "tokens/s")
+        ax.set_title("MFU unknown (no model shape or GPU): throughput shown")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,215 @@
+"""``python analysis/report.py PATH... --out DIR``: interruption, goodput and MFU report.
+
+PATHs are run directories (``runs/<name>/``), a sweep root holding run directories, log
+files and ``sacct --parsable2`` dumps (all loose files together form one "run"). Writes
+``iterations.csv``, ``interruptions.csv``, ``summary.json``, ``report.md``, a
+self-contained ``report.html`` (plots embedded as base64 PNG) and the PNG files.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import json
+import math
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import pandas as pd  # noqa: E402
+
+from analysis.interruptions import build_attempts, goodput, interruptions
+from analysis.load import RunInputs, load_paths
+from analysis.mfu import (
+    RunShape, attempt_summary, layout_summary, regression_flags, shape_from_config, step_metrics, straggler_flags,
+)
+from analysis.plots import plot_goodput, plot_mfu_by_layout, plot_timeline
+from analysis.signatures import CAUSES
+
+__all__ = ["main", "analyze_run", "ITERATIONS_CSV_COLUMNS"]
+
+ITERATIONS_CSV_COLUMNS = [
+    "run", "source", "job_id", "attempt", "rank", "timestamp", "iteration", "lm_loss", "elapsed_ms",
+    "tflops_per_gpu", "mfu_pct", "tflops", "mfu", "hfu", "tokens_per_s", "lr", "global_batch_size",
+    "loss_scale", "grad_norm", "skipped_iters", "nan_iters", "layout", "regressed",
+]
+
+
+def _shape(run: RunInputs, args: argparse.Namespace) -> RunShape:
+    shape = shape_from_config(run.config)
+    if args.gpu:
+        shape.device = args.gpu
+    if args.dtype:
+        shape.dtype = args.dtype
+    if args.num_gpus:
+        shape.world_size = args.num_gpus
+    return shape
+
+
+def analyze_run(run: RunInputs, shape: RunShape, *, window: int = 20, threshold: float = 0.10) -> dict:
+    """All tables of one run: attempts, interruptions, per-step metrics, summaries, goodput."""
+    gpus = shape.world_size
+    att, it = build_attempts(run.iterations, run.signatures, run.checkpoints, run.events, run.sacct, gpus=gpus)
+    intr = interruptions(att)
+    m = step_metrics(it, shape)
+    flagged = regression_flags(m, window=window, threshold=threshold)
+    m["regressed"] = False
+    if not flagged.empty:
+        m.loc[flagged.index, "regressed"] = flagged["regressed"].astype(bool)
+    return {
+        "attempts": att, "interruptions": intr, "metrics": m, "by_attempt": attempt_summary(m),
+        "by_layout": layout_summary(m), "stragglers": straggler_flags(m), "goodput": goodput(att),
+    }
+
+
+def _num(v):
+    if v is None:
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) or math.isinf(f) else f
+
+
+def _summary(run: RunInputs, res: dict) -> dict:
+    m, intr = res["metrics"], res["interruptions"]
+    counts = {c: int((intr["cause"] == c).sum()) for c in CAUSES if (intr["cause"] == c).any()}
+    steady = res["by_attempt"]
+    return {
+        "iterations": int(len(m)),
+        "attempts": int(len(res["attempts"])),
+        "interruptions": int(len(intr)),
+        "counts_by_cause": counts,
+        "goodput": {k: _num(v) for k, v in res["goodput"].items()},
+        "mfu": _num(m["mfu"].median()) if len(m) else None,
+        "hfu": _num(m["hfu"].median()) if len(m) else None,
+        "tflops_per_gpu": _num(m["tflops"].median()) if len(m) else None,
+        "tokens_per_s": _num(m["tokens_per_s"].median()) if len(m) else None,
+        "mfu_by_attempt": [{k: (_num(v) if k not in ("job", "layout") else v) for k, v in r.items()}
+                           for r in steady.to_dict("records")],
+        "skipped_lines": dict(run.skipped),
+        "skipped_iterations_logged": _num(m["skipped_iters"].max()) if len(m) else None,
+        "nan_iterations_logged": _num(m["nan_iters"].max()) if len(m) else None,
+        "regressed_steps": int(m["regressed"].sum()) if len(m) else 0,
+        "stragglers": res["stragglers"][res["stragglers"]["straggler"]].to_dict("records"),
+    }
+
+
+def _md_table(df: pd.DataFrame, max_rows: int = 50) -> str:
+    if df.empty:
+        return "_none_\n"
+    df = df.head(max_rows)
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for row in df.itertuples(index=False):
+        cells = []
+        for v in row:
+            if isinstance(v, float):
+                cells.append("" if math.isnan(v) else f"{v:.4g}")
+            else:
+                cells.append("" if v is None or v is pd.NA or v is pd.NaT else str(v).replace("|", "\\|"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _pct(v) -> str:
+    return "n/a" if v is None else f"{v:.1%}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status (0, or 2 for bad arguments)."""
+    ap = argparse.ArgumentParser(prog="analysis/report.py", description=__doc__.splitlines()[0])
+    ap.add_argument("paths", nargs="+", help="run directories, sweep roots, log files, sacct dumps")
+    ap.add_argument("--out", required=True, help="output directory")
+    ap.add_argument("--gpu", default=None, help="device for MFU when config.yaml lacks it (e.g. h100_sxm)")
+    ap.add_argument("--dtype", default=None, help="dtype for the peak (bf16, fp16, fp8, tf32)")
+    ap.add_argument("--num-gpus", type=int, default=None, help="world size when config.yaml lacks it")
+    ap.add_argument("--window", type=int, default=20, help="rolling window (logged steps) for regressions")
+    ap.add_argument("--threshold", type=float, default=0.10, help="slow-down that counts as a regression")
+    args = ap.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    runs = load_paths(args.paths)
+    its, intrs, layouts, summary, md, pngs = [], [], [], {"runs": {}}, [], []
+    for run in runs:
+        res = analyze_run(run, _shape(run, args), window=args.window, threshold=args.threshold)
+        m = res["metrics"].assign(run=run.name)
+        its.append(m)
+        intrs.append(res["interruptions"].assign(run=run.name))
+        layouts.append(res["by_layout"].assign(run=run.name))
+        s = summary["runs"][run.name] = _summary(run, res)
+        safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in run.name)
+        tl = plot_timeline(m, res["interruptions"], out / f"timeline_{safe}.png", title=f"{run.name}: loss and throughput")
+        gp = plot_goodput(res["goodput"], out / f"goodput_{safe}.png")
+        pngs += [tl, gp]
+        md += [f"## Run `{run.name}`\n",
+               f"- iterations parsed: {s['iterations']} (unreadable lines skipped: {s['skipped_lines']})",
+               f"- attempts: {s['attempts']}, interruptions: {s['interruptions']} {s['counts_by_cause']}",
+               f"- goodput: {_pct(s['goodput']['goodput'])}; median MFU {_pct(s['mfu'])}, HFU {_pct(s['hfu'])}, "
+               f"TFLOP/s/GPU {s['tflops_per_gpu']}, tokens/s {s['tokens_per_s']}",
+               f"- steps with a throughput regression (rolling {args.window} vs baseline, +{args.threshold:.0%}): "
+               f"{s['regressed_steps']}",
+               "", "### Interruptions", "",
+               _md_table(res["interruptions"]), "### Throughput per attempt", "", _md_table(res["by_attempt"]),
+               f"![timeline]({tl.name})", "", f"![goodput]({gp.name})", ""]
+
+    all_it = pd.concat(its, ignore_index=True) if its else pd.DataFrame()
+    all_it = all_it.rename(columns={"job": "_job"})
+    all_it["job_id"] = all_it["job_id"].fillna(all_it["_job"]) if "_job" in all_it else all_it.get("job_id")
+    all_it.reindex(columns=ITERATIONS_CSV_COLUMNS).to_csv(out / "iterations.csv", index=False)
+    all_intr = pd.concat(intrs, ignore_index=True) if intrs else pd.DataFrame()
+    cols = ["run"] + [c for c in all_intr.columns if c != "run"]
+    all_intr.reindex(columns=cols).to_csv(out / "interruptions.csv", index=False)
+    lay = pd.concat(layouts, ignore_index=True) if layouts else pd.DataFrame()
+    mfu_png = plot_mfu_by_layout(lay.groupby("layout", as_index=False).median(numeric_only=True)
+                                 if not lay.empty else lay, out / "mfu_by_layout.png")
+    pngs.append(mfu_png)
+
+    causes = all_intr["cause"].value_counts().to_dict() if not all_intr.empty else {}
+    runs_s = summary["runs"].values()
+    summary.update({
+        "goodput": _num(sum(r["goodput"]["productive_s"] or 0 for r in runs_s)
+                        / sum(r["goodput"]["allocated_s"] or 0 for r in runs_s))
+        if sum(r["goodput"]["allocated_s"] or 0 for r in runs_s) > 0 else None,
+        "mfu": _num(all_it["mfu"].median()) if len(all_it) else None,
+        "hfu": _num(all_it["hfu"].median()) if len(all_it) else None,
+        "counts_by_cause": {str(k): int(v) for k, v in causes.items()},
+        "skipped_lines": {k: sum(r["skipped_lines"].get(k, 0) for r in runs_s)
+                          for k in ("iteration_lines", "sacct_lines", "event_lines")},
+        "iterations": int(len(all_it)),
+        "interruptions": int(len(all_intr)),
+    })
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+
+    head = ["# Training run report", "",
+            f"- goodput (productive / allocated): {_pct(summary['goodput'])}",
+            f"- median MFU {_pct(summary['mfu'])}, HFU {_pct(summary['hfu'])} (dense peak of the configured GPU)",
+            f"- interruptions by cause: {summary['counts_by_cause'] or 'none'}",
+            f"- unreadable lines skipped: {summary['skipped_lines']}", "",
+            "## MFU per layout", "", _md_table(lay), f"![mfu]({mfu_png.name})", ""]
+    report_md = "\n".join(head + md) + "\n"
+    (out / "report.md").write_text(report_md)
+    (out / "report.html").write_text(_html(report_md, pngs))
+    print(f"wrote {out}/report.md, report.html, summary.json, iterations.csv, interruptions.csv")
+    return 0
+
+
+def _html(report_md: str, pngs: list[Path]) -> str:
+    """A self-contained page: the markdown as preformatted text and each PNG inline."""
+    imgs = "\n".join(
+        f'<h3>{html.escape(p.name)}</h3><img alt="{html.escape(p.name)}" '
+        f'src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}"/>'
+        for p in pngs
+    )
+    return ("<!doctype html><html><head><meta charset='utf-8'><title>Training run report</title>"
+            "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}pre{white-space:pre-wrap}"
+            "img{max-width:100%}</style></head><body>"
+            f"<pre>{html.escape(report_md)}</pre>{imgs}</body></html>\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
