@@ -1,0 +1,60 @@
+#!/bin/bash
+
+# Parameters
+#SBATCH --cpus-per-task=2
+#SBATCH --job-name=golden
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=2
+#SBATCH --open-mode=append
+#SBATCH --output=/runs/golden/logs/%j_batch.out
+#SBATCH --partition=debug
+#SBATCH --requeue
+#SBATCH --signal=USR2@30
+#SBATCH --time=10
+#SBATCH --wckey=slurmtron
+
+# setup
+# ---- slurmtron: run golden ----
+# Rendered by launch/render.py from sbatch_templates/; every config value below is shell-quoted.
+# The batch shell only prepares the environment and starts one srun step; the training ranks
+# are the srun tasks, so Slurm's warning signal (--signal without B:) reaches them directly.
+set -eo pipefail
+RUN_DIR=/runs/golden
+mkdir -p "$RUN_DIR/logs"
+echo "slurmtron: job ${SLURM_JOB_ID:-?} restart ${SLURM_RESTART_COUNT:-0} on ${SLURM_JOB_NODELIST:-?} run $RUN_DIR"
+# ---- environment (cluster.env: NCCL/IB/UCX ...); exported to every srun task ----
+export PYTHONUNBUFFERED=1
+export PYTHONPATH=/opt/slurmtron${PYTHONPATH:+:$PYTHONPATH}
+export SLURMTRON_RUN_DIR="$RUN_DIR"
+export GLOO_SOCKET_IFNAME=lo
+export OMP_NUM_THREADS=1
+export PYTHONUNBUFFERED=1
+# ---- rendezvous: MASTER_ADDR is the first node of the allocation, as an address ----
+# Node names do not always resolve (e.g. test clusters): try the resolver first, then the
+# NodeAddr Slurm itself uses, and only then the bare name.
+MASTER_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+MASTER_ADDR=$(getent ahostsv4 "$MASTER_HOST" | awk '{print $1; exit}' || true)
+if [ -z "$MASTER_ADDR" ]; then
+    MASTER_ADDR=$(scontrol show node "$MASTER_HOST" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p' | head -n 1 || true)
+fi
+export MASTER_ADDR=${MASTER_ADDR:-$MASTER_HOST}
+# A port derived from the job id: two jobs sharing a node do not collide, and a requeued job
+# (same id) gets the same port back.
+export MASTER_PORT=$((20000 + ${SLURM_JOB_ID:-0} % 40000))
+echo "slurmtron: MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
+
+# command
+export SUBMITIT_EXECUTOR=slurm
+# ---- the training step: one task per GPU, each task is one rank ----
+# Why no torchrun: an extra launcher between Slurm and the ranks swallows or delays Slurm's
+# signals. Why --signal=USR2@lead without "B:": with B: Slurm signals only the batch shell, which
+# would have to forward it; without it, Slurm delivers USR2 to every task of the step, i.e. to
+# every training rank, whose handler sets a stop flag that the ranks agree on at the next step.
+# --kill-on-bad-exit=1: one failed rank ends the step instead of leaving the others hanging in a
+# collective. Exit 42 from the ranks means "checkpointed, requeue me" (see recovery/).
+set +e
+srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=2 --cpus-per-task=2 --open-mode=append --output=/runs/golden/logs/%j_%t.out python3 -u -m launch.worker "$RUN_DIR"
+rc=$?
+set -e
+echo "slurmtron: srun exited $rc"
+exit $rc
