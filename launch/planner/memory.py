@@ -136,11 +136,12 @@ def num_microbatches(job: Job) -> int:
     return max(1, job.training.global_batch_size // denom) if denom > 0 else 1
 
 
-def distinct_stages(pp: int) -> list[int]:
-    """Stages that can be the worst: 0 (embedding, most in flight), 1 (more layers when the
-    embedding counts as one), and the last (output layer, logits). Stages in between hold the
-    same layers as stage 1 with fewer microbatches in flight, so they never exceed it."""
-    return sorted({0, min(1, pp - 1), pp - 1})
+def distinct_stages(pp: int, embedding_is_a_layer: bool = True) -> list[int]:
+    """Stages that can be the worst: 0 (embedding, most in flight), 1 (one layer more than stage
+    0 when the embedding counts as a layer), and the last (output layer, logits). Stages in
+    between hold stage 1's layers with fewer microbatches in flight, so they never exceed it;
+    without the embedding counted as a layer, stage 1 never exceeds stage 0 either."""
+    return sorted({0, min(1 if embedding_is_a_layer else 0, pp - 1), pp - 1})
 
 
 def stage_memory(job: Job, shape: Shape | None = None, attention: str = "fused",
@@ -196,7 +197,8 @@ def stage_memory(job: Job, shape: Shape | None = None, attention: str = "fused",
 
 def worst_stage(job: Job, shape: Shape | None = None, attention: str = "fused") -> StageMemory:
     """The stage with the largest total: the one that decides whether the layout fits."""
-    stages = distinct_stages(max(1, job.parallelism.pp))
+    p = job.parallelism
+    stages = distinct_stages(max(1, p.pp), p.account_for_embedding_in_pipeline_split)
     return max(stage_memory(job, shape, attention, stages), key=lambda s: s.total)
 
 

@@ -145,7 +145,7 @@ def step_time(job: Job, shape: Shape | None = None, flops: dict | None = None, a
 
     layers = stage_layers(shape.layers, p)
     stage_times = []
-    for k in distinct_stages(pp):  # the stages in between equal stage 1
+    for k in distinct_stages(pp, p.account_for_embedding_in_pipeline_split):  # the others equal stage 1
         n = layers[k]
         compute = n * (t_layer + t_elem) + (t_logits + t_elem_logits if k == pp - 1 else 0.0)
         comm = n * (tp_layer + cp_layer + ep_layer)
@@ -186,7 +186,7 @@ def _stage_params(shape: Shape, job: Job, layers: list[float]) -> float:
     p = job.parallelism
     tp, pp, ep = max(1, p.tp), max(1, p.pp), max(1, p.ep)
     best = 0.0
-    for k in distinct_stages(pp):
+    for k in distinct_stages(pp, p.account_for_embedding_in_pipeline_split):
         n = layers[k]
         params = n * ((shape.attn_params + shape.dense_mlp_params) / tp + shape.norm_params)
         params += n * shape.num_experts / ep * shape.expert_params / tp
