@@ -170,15 +170,17 @@ def _dry_run(job: Job, run_dir: Path, out: TextIO) -> int:
     return 0
 
 
-def quiet_hydra_overrides(argv: list[str]) -> list[str]:
+def quiet_hydra_overrides(argv: list[str], sweep_id: str) -> list[str]:
     """Hydra defaults for a login-node tool: no outputs/ or multirun/ folders, no log files.
 
     The run directory is the record of a run; Hydra's own output folders would only litter
-    the working directory (and be written even when the job is refused). A user override of
-    the same key wins (it is not added).
+    the working directory (and be written even when the job is refused). A multirun keeps
+    Hydra's ``multirun.yaml`` beside its registry, in ``<run_root>/sweeps/<sweep id>/``.
+    A user override of the same key wins (it is not added).
     """
-    wanted = {"hydra.output_subdir": "null", "hydra.run.dir": ".", "hydra.sweep.dir": ".",
-              "hydra.sweep.subdir": ".", "hydra/job_logging": "disabled", "hydra/hydra_logging": "disabled"}
+    wanted = {"hydra.output_subdir": "null", "hydra.run.dir": ".",
+              "hydra.sweep.dir": "${cluster.run_root}/sweeps/" + sweep_id, "hydra.sweep.subdir": ".",
+              "hydra/job_logging": "disabled", "hydra/hydra_logging": "disabled"}
     given = {a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a}
     return [f"{k}={v}" for k, v in wanted.items() if k not in given]
 
@@ -200,8 +202,10 @@ if __name__ == "__main__":
     from launch.config import register_configs
 
     register_configs()
-    sys.argv[1:1] = quiet_hydra_overrides(sys.argv[1:])
+    # beside the user's overrides: argparse wants the positional overrides in one run
     _sweep_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{os.getpid()}"
+    _at = next((i for i, a in enumerate(sys.argv) if i and "=" in a and not a.startswith("-")), len(sys.argv))
+    sys.argv[_at:_at] = quiet_hydra_overrides(sys.argv[1:], _sweep_id)
     _rc = [0]
 
     @hydra.main(config_path="../hydra_conf", config_name="config", version_base="1.3")
