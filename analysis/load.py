@@ -3,7 +3,7 @@
 ``report.py`` accepts run directories (``runs/<name>/`` with ``config.yaml``,
 ``logs/*.out``, ``events.jsonl``, optionally ``sacct.txt``), single log files and sacct
 dumps; this module turns any mix of them into DataFrames plus skipped-line counts.
-A file is a sacct dump if its first non-blank line starts with ``JobID|``; ``*.jsonl`` is an
+A file is a sacct dump if its first non-blank line is a ``|`` header with a ``JobID`` field; ``*.jsonl`` is an
 event log; anything else is a log.
 """
 from __future__ import annotations
@@ -83,7 +83,7 @@ def _is_sacct(path: Path) -> bool:
     except OSError:
         return False
     first = next((ln for ln in head.splitlines() if ln.strip()), "")
-    return first.startswith(("JobID|", "JobIDRaw|"))
+    return "|" in first and bool({"JobID", "JobIDRaw"} & set(first.strip().split("|")))
 
 
 def _classify(files: list[Path]) -> tuple[list[Path], list[Path], list[Path]]:

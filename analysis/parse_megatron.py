@@ -46,7 +46,7 @@ __all__ = [
 DEFAULT_CHUNK_BYTES = 32 << 20
 
 _V = r"[ \t]*([^ \t|\n]*)[ \t]*\|"  # a field's value and the bar after it
-_SKIP = r"(?:[^|\n]*\|)*?"  # lazily step over fields this parser does not read
+_SKIP = r"(?:[^|\n[]*\|)*?"  # lazily step over fields we do not read (never over a "[timestamp]")
 
 
 def _field(key: str, value: str = _V) -> str:

@@ -63,11 +63,13 @@ def _time(s: pd.Series) -> pd.Series:
 
 def _normalise(df: pd.DataFrame) -> pd.DataFrame:
     cols = {c.lower(): c for c in df.columns}
+    if "jobid" not in cols and "jobidraw" in cols:
+        cols["jobid"] = cols["jobidraw"]
     out = df.copy()
     if "jobid" in cols:
         jid = out[cols["jobid"]].astype(str)
         out["job"] = jid.str.split(".", n=1).str[0].str.split("+", n=1).str[0]
-        out["step"] = jid.str.split(".", n=1).str[1].fillna("")
+        out["step"] = jid.str.extract(r"^[^.]*\.(.*)$", expand=False).astype(object).fillna("")
         out["is_alloc"] = ~jid.str.contains(".", regex=False)
     if "state" in cols:
         st = out[cols["state"]].astype(str).str.strip()
@@ -105,15 +107,14 @@ def _normalise(df: pd.DataFrame) -> pd.DataFrame:
 def parse_sacct_text(text: str) -> tuple[pd.DataFrame, int]:
     """All records of one or more ``sacct --parsable2`` dumps, and the count of skipped lines.
 
-    A header is a line whose first field is ``JobID`` (or ``JobIDRaw``). Records before any
-    header cannot be interpreted and are skipped.
+    A header is a line with a ``JobID`` (or ``JobIDRaw``) field, in any position. Records
+    before any header cannot be interpreted and are skipped.
     """
     lines = pd.Series(text.splitlines(), dtype=object)
     if lines.empty:
         return pd.DataFrame(), 0
     nonblank = lines[lines.str.strip().astype(bool)]
-    first = nonblank.str.split("|", n=1).str[0].str.strip()
-    is_header = first.isin(["JobID", "JobIDRaw"])
+    is_header = nonblank.str.contains(r"(?:^|\|)JobID(?:Raw)?(?:\||$)", regex=True)
     block = is_header.cumsum()
     frames, skipped = [], int((block == 0).sum())
     for b in sorted(set(block[block > 0])):
