@@ -22,7 +22,6 @@ numpy only (no torch): vectorised over trials, one loop iteration per failure.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from dataclasses import dataclass
 from typing import Optional, Sequence
