@@ -149,6 +149,8 @@ SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=2,bf_interval=1
 ReturnToService=2
 JobRequeue=1
+# refuse at submission what a partition cannot run (as many sites do), not pend forever
+EnforcePartLimits=ALL
 SlurmdTimeout=10
 SlurmctldTimeout=30
 MessageTimeout=10
@@ -410,10 +412,33 @@ class Cluster:
         rows = self.sacct(job_id, duplicates=False)
         return rows[0]["State"].split()[0] if rows else ""
 
-    def diagnostics(self, tail: int = 60) -> str:
-        """The tails of every daemon log: what a failed CI run needs to be diagnosable."""
+    def crash_node(self, node: str) -> List[int]:
+        """A node dies: SIGKILL its slurmd and every job process on it (by PID). Returns the PIDs."""
+        pids = [_pids(self.lay)[f"slurmd-{node}"]] + job_processes(self.lay, node)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _reap()
+        return pids
+
+    def restart_slurmd(self, node: str) -> int:
+        """Bring a crashed node back (ReturnToService=2 returns it to service on registration)."""
+        return _spawn(self.lay, f"slurmd-{node}", ["slurmd", "-D", "-N", node], self.env, self.lay.root)
+
+    def hostnames(self, nodelist: str) -> List[str]:
+        """``stn[1-2]`` -> ``['stn1', 'stn2']`` (Slurm's own expansion)."""
+        return self.run("scontrol", "show", "hostnames", nodelist).stdout.split()
+
+    def node_state(self, node: str) -> str:
+        res = self.run("sinfo", "-h", "-n", node, "-p", self.spec.partition, "-o", "%t", check=False)
+        return res.stdout.strip()
+
+    def diagnostics(self, tail: int = 40) -> str:
+        """The tails of the Slurm daemon logs: what a failed CI run needs to be diagnosable."""
         parts = []
-        for f in sorted(self.lay.logs.glob("*")):
+        for f in sorted(self.lay.logs.glob("slurm*.log")) + sorted(self.lay.logs.glob("jobcomp.txt")):
             lines = f.read_text(errors="replace").splitlines()[-tail:]
             parts.append(f"===== {f.name} (last {len(lines)} lines)\n" + "\n".join(lines))
         return "\n".join(parts)
@@ -474,24 +499,59 @@ def _all_idle(cluster: Cluster) -> bool:
     return res.returncode == 0 and len(states) == cluster.spec.nodes and set(states.values()) == {"idle"}
 
 
-def _descendants(pids: List[int]) -> List[int]:
-    """Processes whose parent chain reaches one of ``pids`` (job steps started by our slurmd)."""
-    parent: Dict[int, int] = {}
+def _environ(pid: int) -> Dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def job_processes(lay: Layout, node: Optional[str] = None) -> List[int]:
+    """slurmstepd and job-task processes of *this* cluster (optionally of one node), by PID.
+
+    slurmstepd re-parents to init, so it is found by its environment instead: it inherits
+    SLURM_CONF from our slurmd, and job tasks inherit it from the submitting client (sbatch
+    exports the environment). A node's processes carry SLURMD_NODENAME (tasks) or are the
+    stepd parents of those tasks.
+    """
+    conf, me = str(lay.slurm_conf), os.getpid()
+    out: List[int] = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == me:
+            continue
+        pid = int(d.name)
+        env = _environ(pid)
+        if env.get("SLURM_CONF") != conf:
+            continue
+        is_step, is_task = _comm(pid) == "slurmstepd", "SLURM_JOB_ID" in env and "SLURM_STEP_ID" in env
+        if not (is_step or is_task):
+            continue
+        if node is None or env.get("SLURMD_NODENAME") == node or (is_step and _stepd_node(pid) == node):
+            out.append(pid)
+    return out
+
+
+def _stepd_node(pid: int) -> str:
+    """The node a slurmstepd serves: the SLURMD_NODENAME of any task it started."""
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
             except (OSError, IndexError, ValueError):
                 continue
-    roots, out = set(pids), []
-    for pid in parent:
-        p, seen = parent.get(pid), 0
-        while p and seen < 64:
-            if p in roots:
-                out.append(pid)
-                break
-            p, seen = parent.get(p), seen + 1
-    return out
+            if ppid == pid:
+                name = _environ(int(d.name)).get("SLURMD_NODENAME")
+                if name:
+                    return name
+    return ""
 
 
 def _pids(lay: Layout) -> Dict[str, int]:
@@ -529,11 +589,9 @@ def stop(root: Path) -> None:
     pids = _pids(lay)
     if "slurmctld" in pids and _alive(pids["slurmctld"]):
         _run(["scancel", "--full", "--user=root"], timeout=15, env={**os.environ, "SLURM_CONF": str(lay.slurm_conf)})
-    slurmd = [p for n, p in pids.items() if n.startswith("slurmd-")]
-    # slurmstepd and the job's tasks are children of slurmd: end them by id after the scancel
-    steps = _descendants(slurmd)
-    _stop_pids(slurmd)
-    _stop_pids([p for p in steps if _alive(p)], timeout=5)
+    _stop_pids([p for n, p in pids.items() if n.startswith("slurmd-")])
+    # whatever the scancel left (steps of a node whose slurmd was killed): end them by PID
+    _stop_pids(job_processes(lay), timeout=5)
     for name in ("slurmctld", "slurmdbd", "mariadbd", "munged"):
         if name in pids:
             _stop_pids([pids[name]], timeout=15)
