@@ -27,6 +27,7 @@ from analysis.signatures import CAUSE_PRIORITY
 __all__ = ["ATTEMPT_COLUMNS", "INTERRUPTION_COLUMNS", "assign_attempts", "build_attempts",
            "interruptions", "goodput", "job_key"]
 
+_US = "datetime64[us]"  # one resolution: pandas refuses to merge_asof seconds with microseconds
 ATTEMPT_COLUMNS = [
     "job", "attempt", "submit", "start", "end", "state", "gpus", "first_step", "last_step",
     "first_step_time", "last_step_time", "resumed_from", "n_iterations", "step_time_s",
@@ -72,7 +73,9 @@ def assign_attempts(iters: pd.DataFrame, windows: pd.DataFrame | None = None) ->
     out["attempt"] = hint.fillna(seg if len(seg) else 0).astype("Int64") if len(out) else pd.Series(dtype="Int64")
     if windows is not None and not windows.empty and out["timestamp"].notna().any():
         w = windows.dropna(subset=["start"]).sort_values("start")
+        w = w.assign(start=w["start"].astype(_US))
         timed = out[out["timestamp"].notna() & out["job"].isin(w["job"])]
+        timed = timed.assign(timestamp=timed["timestamp"].astype(_US))
         if not timed.empty:
             m = pd.merge_asof(
                 timed.reset_index().sort_values("timestamp"),
@@ -97,6 +100,33 @@ def _place_by_offset(rows: pd.DataFrame, iters: pd.DataFrame) -> pd.Series:
         pos = np.clip(pos, 0, len(it) - 1)
         att.loc[grp.index] = it["attempt"].to_numpy()[pos]
     return att
+
+
+def _place_by_time(rows: pd.DataFrame, win: pd.DataFrame) -> pd.DataFrame:
+    """Attempt of timed rows (a stamped error line, Slurm's cancel time) from the windows.
+
+    A glog time has no year: it takes the year of the job's first attempt.
+    """
+    if win.empty or "at" not in rows or win["start"].isna().all():
+        return rows
+    rows = rows.copy()
+    rows["at"] = pd.to_datetime(rows["at"], errors="coerce")
+    if "at_md" in rows and rows["at_md"].notna().any():
+        year = win.dropna(subset=["start"]).groupby("job")["start"].min().dt.year
+        y = rows["job"].map(year)
+        md = rows["at_md"]
+        guess = pd.to_datetime(y.astype("Int64").astype(str) + md.fillna(""), format="%Y%m%d %H:%M:%S", errors="coerce")
+        rows["at"] = rows["at"].fillna(guess)
+    timed = rows[rows["at"].notna() & rows["job"].isin(win["job"])]
+    if timed.empty:
+        return rows
+    w = win.dropna(subset=["start"]).sort_values("start")[["job", "attempt", "start"]].rename(columns={"attempt": "_att"})
+    w["start"] = w["start"].astype(_US)
+    timed = timed.assign(at=timed["at"].astype(_US))
+    m = pd.merge_asof(timed.reset_index().sort_values("at"), w, left_on="at", right_on="start", by="job",
+                      direction="backward").set_index("index")
+    rows.loc[m.index, "attempt"] = m["_att"].astype("Int64").fillna(rows.loc[m.index, "attempt"])
+    return rows
 
 
 def build_attempts(
@@ -159,6 +189,7 @@ def build_attempts(
     if not sg.empty:
         sg["job"] = [job_key(j, s)[0] for j, s in zip(sg["job_id"], sg["source"])]
         sg["attempt"] = _place_by_offset(sg, it)
+        sg = _place_by_time(sg, win)
     ck = ckpts.copy()
     if not ck.empty:
         ck["job"] = [job_key(j, s)[0] for j, s in zip(ck["job_id"], ck["source"])]

@@ -31,10 +31,11 @@ def plot_timeline(m: pd.DataFrame, intr: pd.DataFrame, path: Path, title: str = 
     m = m.sort_values(["timestamp", "job", "attempt", "seq"], kind="stable", na_position="last").reset_index(drop=True)
     x, xlabel = _x(m)
     fig, (a1, a2) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-    a1.plot(x, m["lm_loss"], ".-", ms=2, lw=0.8)
-    a1.set_ylabel("lm loss")
     tput = m["tflops"] if m["tflops"].notna().any() else m["tokens_per_s"]
-    a2.plot(x, tput, ".-", ms=2, lw=0.8, color="tab:green")
+    for _, idx in m.groupby(["job", "attempt"], sort=False).groups.items():  # no line across a restart
+        a1.plot(x[idx], m.loc[idx, "lm_loss"], ".-", ms=2, lw=0.8, color="tab:blue")
+        a2.plot(x[idx], tput[idx], ".-", ms=2, lw=0.8, color="tab:green")
+    a1.set_ylabel("lm loss")
     a2.set_ylabel("TFLOP/s/GPU" if m["tflops"].notna().any() else "tokens/s")
     if "regressed" in m and m["regressed"].any():
         r = m["regressed"].fillna(False).astype(bool)
@@ -69,7 +70,7 @@ def plot_goodput(gp: dict, path: Path, title: str = "") -> Path:
              ("lost work", gp.get("lost_work_s") or 0.0, "tab:red"),
              ("checkpoint", gp.get("checkpoint_s") or 0.0, "tab:blue"),
              ("restart overhead", gp.get("restart_overhead_s") or 0.0, "tab:orange")]
-    fig, ax = plt.subplots(figsize=(8, 2.8))
+    fig, ax = plt.subplots(figsize=(10, 2.8))
     left = 0.0
     for name, sec, color in parts:
         ax.barh(["allocation"], [sec / 3600], left=[left], color=color, label=f"{name} {sec / 3600:.2f} h")
@@ -79,7 +80,7 @@ def plot_goodput(gp: dict, path: Path, title: str = "") -> Path:
     g = gp.get("goodput")
     ax.set_xlabel("hours")
     ax.set_title(title or (f"goodput {g:.1%}" if g is not None else "goodput unknown (no allocation times)"))
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -116,7 +116,9 @@ def _md_table(df: pd.DataFrame, max_rows: int = 50) -> str:
 
 
 def _pct(v) -> str:
-    return "n/a" if v is None else f"{v:.1%}"
+    if v is None:
+        return "n/a"
+    return f"{v:.1%}" if v == 0 or abs(v) >= 0.001 else f"{v * 100:.2g}%"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -63,7 +63,24 @@ _SIGNATURE_RE = re.compile(
     r"|Killing subprocess [0-9]+)"
 )
 
-SIGNATURE_COLUMNS = ["source", "job_id", "offset", "kind", "cause", "detail", "slurm_job", "host", "at"]
+_GROUP = {"nccl_timeout": "nccl", "oom": "oom", "xid": "xid", "nan": "nan", "node_failure": "nodefail"}
+SIGNATURE_COLUMNS = ["source", "job_id", "offset", "kind", "cause", "detail", "slurm_job", "host", "at", "at_md"]
+
+# Times printed at the start of the hit's line: Megatron/Python logging ("[2026-11-29 10:00:00")
+# or glog as PyTorch's C++ side prints it ("[E1129 10:19:00.123"), which has no year.
+_LINE_TIME_RE = re.compile(
+    r"(?P<iso>[0-9]{4}-[0-9]{2}-[0-9]{2}[ T][0-9]{2}:[0-9]{2}:[0-9]{2})"
+    r"|\[[IWEF](?P<md>[0-9]{4} [0-9]{2}:[0-9]{2}:[0-9]{2})"
+)
+
+
+def _line_time(text: str, pos: int) -> tuple[str | None, str | None]:
+    start = text.rfind("\n", 0, pos) + 1
+    end = text.find("\n", pos)
+    m = _LINE_TIME_RE.search(text, start, end if end >= 0 else len(text))
+    if not m:
+        return None, None
+    return (m.group("iso").replace(" ", "T"), None) if m.group("iso") else (None, m.group("md"))
 
 
 def parse_signature_text(text: str, *, source: str = "", job_id: str | None = None,
@@ -72,7 +89,9 @@ def parse_signature_text(text: str, *, source: str = "", job_id: str | None = No
 
     ``kind`` is one of slurm_cancel, nccl_timeout, oom, xid, nan, node_failure, signal.
     ``cause`` is None for ``signal`` rows (a SIGTERM is a consequence, not a cause).
-    ``at`` is the cancel time Slurm printed (naive local time); NaT for other kinds.
+    ``at`` is the cancel time Slurm printed, or the time at the start of the hit's line
+    (naive local time); ``at_md`` keeps a year-less glog time (``"1129 10:19:00"``) for
+    the caller to complete.
     """
     recs = []
     for m in _SIGNATURE_RE.finditer(text):
@@ -82,19 +101,15 @@ def parse_signature_text(text: str, *, source: str = "", job_id: str | None = No
         if g["cancel"]:
             scope = g["scope"]
             recs.append((source, job_id, off, "slurm_cancel" if scope == "JOB" else "slurm_step_cancel",
-                         slurm_reason_cause(g["reason"]), detail, g["sjob"], g["host"], g["at"]))
-        elif g["nccl"]:
-            recs.append((source, job_id, off, "nccl_timeout", "nccl_timeout", detail, None, None, None))
-        elif g["oom"]:
-            recs.append((source, job_id, off, "oom", "oom", detail, None, None, None))
-        elif g["xid"]:
-            recs.append((source, job_id, off, "xid", "xid", detail, None, None, None))
-        elif g["nan"]:
-            recs.append((source, job_id, off, "nan", "nan", detail, None, None, None))
-        elif g["nodefail"]:
-            recs.append((source, job_id, off, "node_failure", "node_failure", detail, None, None, None))
+                         slurm_reason_cause(g["reason"]), detail, g["sjob"], g["host"], g["at"], None))
+            continue
+        at, md = _line_time(text, m.start())
+        for kind in ("nccl_timeout", "oom", "xid", "nan", "node_failure"):
+            if g[_GROUP[kind]]:
+                recs.append((source, job_id, off, kind, kind, detail, None, None, at, md))
+                break
         else:
-            recs.append((source, job_id, off, "signal", None, detail, None, None, None))
+            recs.append((source, job_id, off, "signal", None, detail, None, None, at, md))
     df = pd.DataFrame(recs, columns=SIGNATURE_COLUMNS)
     df["at"] = pd.to_datetime(df["at"], format="%Y-%m-%dT%H:%M:%S", errors="coerce")
     return df, 0
