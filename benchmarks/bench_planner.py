@@ -9,7 +9,9 @@ What it times (wall clock, ``time.perf_counter``, this process only, Hydra compo
   with the job check's rules, estimate memory for all and step time for those that fit.
   Reported: median and minimum of ``--repeats`` runs, candidate counts, the winner.
 * one ``estimate`` of the 405B recipe (what ``launch/plan.py`` does per call);
-* the Llama 3 goodput simulation (7 intervals x 2,000 trials).
+* the Llama 3 goodput simulation (7 intervals x 2,000 trials);
+* accuracy: estimated vs published TFLOP/s per GPU for Narayanan et al. 2021, Table 1 (the
+  table and the A100 profile are read from ``tests/test_planner_steptime.py``, one copy).
 
 The machine is shared: the load average is recorded beside the numbers, which move with it;
 the CPU time of the process is recorded too (less sensitive to other processes than wall time).
@@ -32,6 +34,29 @@ from launch.planner import choose_layout, estimate, rank_layouts  # noqa: E402
 from launch.planner.simulate import compare_intervals, llama3_scenario  # noqa: E402
 
 TARGET_S = 1.0
+
+
+def narayanan_rows() -> list[str]:
+    """Markdown rows: size, tp, pp, GPUs, published, estimated, error (as the test computes them)."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from test_planner_steptime import NARAYANAN_TABLE_1, SEQ, VOCAB, a100_cluster, paper_flops
+
+    from launch.config import DataConfig, Job, ModelConfig, ParallelismConfig, TrainingConfig
+    from launch.planner.steptime import step_time
+
+    out = []
+    for size, heads, hidden, layers, tp, pp, gpus, batch, published in NARAYANAN_TABLE_1:
+        model = ModelConfig(name="gpt", num_layers=layers, hidden_size=hidden, ffn_hidden_size=4 * hidden,
+                            num_attention_heads=heads, seq_length=SEQ, vocab_size=VOCAB, swiglu=False,
+                            position_embedding_type="learned_absolute", normalization="LayerNorm",
+                            untie_embeddings_and_output_weights=False, add_bias_linear=True)
+        job = Job(model=model, cluster=a100_cluster(gpus // 8),
+                  parallelism=ParallelismConfig(tp=tp, pp=pp, recompute="full", distributed_optimizer=False),
+                  training=TrainingConfig(global_batch_size=batch, micro_batch_size=1, precision="fp16"),
+                  data=DataConfig())
+        est = paper_flops(batch, layers, hidden) / step_time(job, attention="unfused").step_time_s / gpus / 1e12
+        out.append(f"| {size:g}B | {tp} | {pp} | {gpus} | {published} | {est:.0f} | {100 * (est / published - 1):+.1f}% |")
+    return out
 
 
 def _timed(fn, repeats: int, cpu: list[float] | None = None) -> tuple[list[float], object]:
@@ -86,6 +111,13 @@ def main(argv: list[str] | None = None) -> int:
         f"Winner: `{chosen.parallelism.name}`: {best.memory_gb_per_gpu:.1f} GiB/GPU, step {best.step_time_s:.2f} s, "
         f"{best.tflops_per_gpu:.0f} TFLOP/s/GPU, MFU {100 * best.mfu:.1f}%, "
         f"{best.wall_time_h_total / 24:.1f} days for {recipe.training.train_tokens / 1e12:g}T tokens.",
+        "",
+        "Accuracy: estimated vs published TFLOP/s per GPU, Narayanan et al. 2021 (arXiv:2104.04473) Table 1, "
+        "A100 profile, one set of constants (test: within +-15%):",
+        "",
+        "| model | tp | pp | GPUs | published | estimated | error |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        *narayanan_rows(),
         "",
     ])
     print(text)
