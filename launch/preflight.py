@@ -1,0 +1,269 @@
+"""The preflight job: ``python launch/preflight.py <the same overrides as pretrain.py> [preflight.k=v ...]``.
+
+A short job on the *target layout* that catches the bugs that do not crash: parameters that
+get no gradient, a layout that computes different numbers from one process, a checkpoint that
+does not restore (or reshard) bit-for-bit, a slow fabric, a starving data loader. The checks
+and their thresholds are in :mod:`launch.preflight_checks`; the ranks' work is in
+:mod:`launch.preflight_worker`.
+
+Where it runs:
+
+* ``cluster=local``: the ranks are local processes (like ``launch/local.py``), and this command
+  waits for them, prints the verdict table and exits 1 on any FAIL;
+* a Slurm cluster: the job is rendered by the same renderer as ``pretrain.py`` (same
+  ``#SBATCH`` header, modules, NCCL environment, container, ``--exclude`` of failed nodes), with
+  ``launch.preflight_worker`` as the srun step, no requeue, and submitted with ``sbatch``; rank 0
+  writes the table to the job log and ``<run_dir>/preflight.json``. ``preflight.wait=true``
+  waits for that file and exits like the local case.
+
+Either way ``<run_dir>/preflight.json`` records the verdicts, and ``pretrain.py`` refuses the
+real submission while it holds a FAIL (unless ``force=true``; see
+:func:`launch.preflight_checks.preflight_problems`). The preflight's own files (config, logs,
+the scratch checkpoint, removed after the round trip) live in ``<run_dir>/preflight/``, never
+in the run's ``checkpoints/``, so a resume can never pick a preflight checkpoint up.
+
+Preflight options (not Hydra overrides; everything else is):
+
+``preflight.steps=3``         optimizer steps (parity is compared at every step; >= 1)
+``preflight.timeout_s=600``   the ranks' and the reference's time limit
+``preflight.wait=false``      Slurm only: wait for the verdict
+``preflight.keep_checkpoint=false``  keep ``<run_dir>/preflight/ckpt`` for inspection
+``preflight.break=``          TEST-ONLY: ``detach`` (a module gets no gradient) or ``tp_split``
+                              (a skipped TP all-reduce); shows that the preflight fails a broken
+                              model. Never use it for a real run.
+
+Login-node code: no torch, no megatron (the ranks import them).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence, TextIO
+
+if __package__ in (None, ""):  # run as a script: make the repository importable, not launch/ itself
+    _ROOT = str(Path(__file__).resolve().parent.parent)
+    sys.path[:] = [_ROOT] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+from launch.config import Job  # noqa: E402
+from launch.preflight_checks import (  # noqa: E402
+    BREAKAGES, FAIL, PREFLIGHT_DIR, PREFLIGHT_FILE, Report, format_table, read_report, run_failed, write_report,
+)
+from launch.problems import format_problems  # noqa: E402
+
+EXIT_PASS, EXIT_FAIL, EXIT_REFUSED = 0, 1, 2
+WORKER_MODULE = "launch.preflight_worker"
+_BOOLS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
+
+
+@dataclass
+class Options:
+    """``preflight.*`` arguments (see the module docstring)."""
+
+    steps: int = 3
+    timeout_s: float = 600.0
+    wait: bool = False
+    keep_checkpoint: bool = False
+    brk: str = ""  # preflight.break (test-only)
+
+
+def split_args(argv: Sequence[str]) -> tuple[Options, list[str]]:
+    """Separate ``preflight.*`` options from the Hydra overrides; bad values raise ValueError."""
+    opts, overrides = Options(), []
+    for arg in argv:
+        if not arg.startswith("preflight."):
+            overrides.append(arg)
+            continue
+        key, sep, value = arg[len("preflight."):].partition("=")
+        if not sep:
+            raise ValueError(f"{arg!r}: expected preflight.<key>=<value>")
+        if key == "steps":
+            if not value.isdigit() or int(value) < 1:
+                raise ValueError(f"preflight.steps={value!r}: expected an integer >= 1")
+            opts.steps = int(value)
+        elif key == "timeout_s":
+            try:
+                opts.timeout_s = float(value)
+            except ValueError:
+                raise ValueError(f"preflight.timeout_s={value!r}: expected seconds") from None
+            if opts.timeout_s <= 0:
+                raise ValueError(f"preflight.timeout_s={value!r}: expected > 0")
+        elif key in ("wait", "keep_checkpoint"):
+            if value.lower() not in _BOOLS:
+                raise ValueError(f"preflight.{key}={value!r}: expected true or false")
+            setattr(opts, key, _BOOLS[value.lower()])
+        elif key == "break":
+            if value and value not in BREAKAGES:
+                raise ValueError(f"preflight.break={value!r}: expected one of {', '.join(BREAKAGES)} (test-only)")
+            opts.brk = value
+        else:
+            raise ValueError(f"unknown option preflight.{key}; valid: preflight.steps, preflight.timeout_s, "
+                             "preflight.wait, preflight.keep_checkpoint, preflight.break (test-only)")
+    return opts, overrides
+
+
+def preflight_job(job: Job, opts: Options) -> Job:
+    """The job the preflight ranks run: ``steps`` iterations, no requeue, a short time limit."""
+    training = replace(job.training, train_iters=opts.steps, train_tokens=None, fail_at_iter=None)
+    cluster = replace(job.cluster, requeue_allowed=False)
+    limit = max(5, min(job.run.time_limit_min, int(opts.timeout_s // 60) + 5))
+    return replace(job, training=training, cluster=cluster, run=replace(job.run, time_limit_min=limit,
+                                                                         dependency_chain=0))
+
+
+def write_preflight_dir(job: Job, opts: Options, run_dir: Path) -> Path:
+    """``<run_dir>/preflight/{config.yaml,options.json}``; removes a previous verdict."""
+    from launch.compose import job_to_yaml
+
+    pf_dir = run_dir / PREFLIGHT_DIR
+    (pf_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (pf_dir / "config.yaml").write_text(job_to_yaml(preflight_job(job, opts)))
+    (pf_dir / "options.json").write_text(json.dumps({
+        "steps": opts.steps, "timeout_s": opts.timeout_s, "break": opts.brk, "run_dir": str(run_dir),
+        "keep_checkpoint": opts.keep_checkpoint}, indent=1))
+    old = run_dir / PREFLIGHT_FILE
+    if old.exists():
+        old.unlink()
+    return pf_dir
+
+
+# ---- cluster=local ---------------------------------------------------------------------------
+
+def run_local(job: Job, pf_dir: Path, timeout_s: float, *, popen: Callable[..., Any] = subprocess.Popen,
+              env: Optional[Mapping[str, str]] = None, clock: Callable[[], float] = time.monotonic,
+              sleep: Callable[[float], None] = time.sleep) -> list[Optional[int]]:
+    """Start the ranks as local processes and wait; returns their codes (None = killed on timeout)."""
+    from launch.local import free_port, rank_env
+
+    base = dict(os.environ if env is None else env)
+    repo_root = str(Path(__file__).resolve().parent.parent)
+    port, world = free_port(), job.world_size
+    procs = []
+    for r in range(world):
+        with open(pf_dir / "logs" / f"rank{r}.out", "ab") as out:
+            procs.append(popen([sys.executable, "-m", WORKER_MODULE, str(pf_dir)],
+                               env=rank_env(base, r, world, port, 0, repo_root), cwd=repo_root, stdout=out,
+                               stderr=subprocess.STDOUT, start_new_session=True))
+    deadline, grace = clock() + timeout_s + 60, None
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes):
+            return codes
+        if grace is None and any(c not in (None, 0) for c in codes):
+            grace = clock() + 10.0  # one rank failed: the others would wait in a collective
+        if clock() > deadline or (grace is not None and clock() > grace):
+            final: list[Optional[int]] = []
+            for p in procs:
+                if p.poll() is None:
+                    try:
+                        os.killpg(p.pid, signal.SIGKILL)
+                    except OSError:
+                        p.kill()
+                    p.wait()
+                    final.append(None)
+                else:
+                    final.append(p.returncode)
+            return final
+        sleep(0.2)
+
+
+def finish(run_dir: Path, pf_dir: Path, codes: Sequence[Optional[int]], out: TextIO) -> int:
+    """Print the verdict table (writing a FAIL report if the ranks did not finish); the exit code."""
+    report: Optional[Report]
+    try:
+        report = read_report(run_dir)
+    except ValueError:
+        report = None
+    if report is None or any(c != 0 for c in codes):
+        why = (f"ranks exited {list(codes)} (None = killed at the time limit); "
+               f"see {pf_dir / 'logs'}/rank*.out and reference.out")
+        checks = (report.checks if report else []) + [run_failed(why)]
+        report = Report(checks=checks, world_size=len(codes))
+        write_report(run_dir, report)
+    print(format_table(report), file=out)
+    print(f"wrote {run_dir / PREFLIGHT_FILE}", file=out)
+    return EXIT_FAIL if report.verdict == FAIL else EXIT_PASS
+
+
+# ---- Slurm ------------------------------------------------------------------------------------
+
+def render_preflight(job: Job, run_dir: Path, pf_dir: Path, opts: Options) -> str:
+    """The preflight's sbatch script: pretrain's renderer, the preflight worker as the srun step."""
+    from launch.render import read_failed_nodes, render
+
+    pf_job = preflight_job(job, opts)
+    pf_job = replace(pf_job, run=replace(pf_job.run, name=f"{job.run.name}-preflight"))
+    script = render(pf_job, pf_dir, failed_nodes=read_failed_nodes(run_dir))
+    needle = "-m launch.worker "
+    if script.count(needle) != 1:
+        raise RuntimeError(f"the rendered script has {script.count(needle)} '{needle.strip()}' steps, expected 1; "
+                           "sbatch_templates/srun.sh changed")
+    return script.replace(needle, f"-m {WORKER_MODULE} ")
+
+
+def submit_slurm(job: Job, run_dir: Path, pf_dir: Path, opts: Options, *, runner: Callable[..., Any],
+                 out: TextIO, err: TextIO, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> int:
+    """Render, ``sbatch --parsable``, and (``preflight.wait``) wait for ``preflight.json``."""
+    from launch.submit import SubmitError, parse_job_id
+
+    script = pf_dir / "sbatch.sh"
+    script.write_text(render_preflight(job, run_dir, pf_dir, opts))
+    proc = runner(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
+    try:
+        if proc.returncode != 0:
+            raise SubmitError(f"sbatch exited {proc.returncode}: {(proc.stderr or proc.stdout or '').strip()}")
+        job_id = parse_job_id(proc.stdout)
+    except SubmitError as exc:
+        print(f"preflight submission failed: {exc}", file=err)
+        return EXIT_FAIL
+    print(f"submitted preflight job {job_id}; verdict -> {run_dir / PREFLIGHT_FILE} "
+          f"(log {pf_dir / 'logs'}/{job_id}_0.out)", file=out)
+    if not opts.wait:
+        return EXIT_PASS
+    deadline = clock() + opts.timeout_s + 600  # queue wait included
+    while clock() < deadline:
+        if (run_dir / PREFLIGHT_FILE).exists():
+            return finish(run_dir, pf_dir, [0], out)
+        sleep(5.0)
+    print(f"preflight job {job_id}: no verdict after {opts.timeout_s + 600:g} s; check squeue/sacct", file=err)
+    return EXIT_FAIL
+
+
+def main(argv: Sequence[str], *, runner: Callable[..., Any] = subprocess.run,
+         popen: Callable[..., Any] = subprocess.Popen, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
+         env: Optional[Mapping[str, str]] = None) -> int:
+    """Compose and check the job like pretrain.py, then run the preflight on its layout."""
+    from launch.check import check
+    from launch.compose import compose_job
+
+    try:
+        opts, overrides = split_args(argv)
+        job = compose_job(overrides)
+    except Exception as exc:  # a bad option or a Hydra composition error: the user's input
+        print(f"refused: {exc}", file=err)
+        return EXIT_REFUSED
+    problems = check(job)
+    if problems:
+        print(format_problems(problems), file=err)
+        return EXIT_REFUSED
+    run_dir = Path(job.run_dir).absolute()
+    pf_dir = write_preflight_dir(job, opts, run_dir)
+    if opts.brk:
+        print(f"WARNING: preflight.break={opts.brk} is a test-only breakage; this preflight is meant to FAIL",
+              file=err)
+    if job.cluster.launcher == "local":
+        print(f"preflight: {job.world_size} local ranks, layout tp={job.parallelism.tp} pp={job.parallelism.pp} "
+              f"dp={job.dp}, {opts.steps} step(s); logs in {pf_dir / 'logs'}", file=out)
+        codes = run_local(job, pf_dir, opts.timeout_s, popen=popen, env=env)
+        return finish(run_dir, pf_dir, codes, out)
+    return submit_slurm(job, run_dir, pf_dir, opts, runner=runner, out=out, err=err)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
