@@ -471,18 +471,26 @@ def _optional_collaborators(job: Job) -> list[Problem]:
                     f"{job.cluster.gpu!r}: {exc}", f"set cluster.gpu to one of {known}" if known else
                     "add the device to analysis/flops.py"))
     planner = _optional("launch.planner")
-    if planner is None:
+    if planner is None or job.dp < 1:
         return out
-    if job.parallelism.name != "auto" and job.dp >= 1 and hasattr(planner, "memory_problems"):
+    if job.parallelism.name != "auto" and hasattr(planner, "memory_problems"):
         out.extend(planner.memory_problems(job))
+    est = None
+    if hasattr(planner, "lead_time_problems") or (job.run.budget_gpu_hours and hasattr(planner, "estimate")):
+        est = planner.estimate(job) if hasattr(planner, "estimate") else None
+    if hasattr(planner, "lead_time_problems") and job.cluster.launcher == "slurm":
+        out.extend(planner.lead_time_problems(job, est))
     budget = job.run.budget_gpu_hours
-    if budget is not None and budget > 0 and hasattr(planner, "estimate") and job.dp >= 1:
-        hours = estimated_gpu_hours(planner.estimate(job))
-        if hours is not None and hours > budget:
-            out.append(Problem(
-                "run.budget_gpu_hours", "the planner's estimate exceeds the budget",
-                f"estimated {hours:,.0f} GPU-hours > budget {budget:,.0f}",
-                "raise run.budget_gpu_hours, shorten training.train_iters/train_tokens, or pick a cheaper layout"))
+    if budget is not None and budget > 0:
+        if hasattr(planner, "budget_problems"):
+            out.extend(planner.budget_problems(job, est))
+        elif est is not None:  # the cost guard: refuse at submit time when the estimate overshoots
+            hours = estimated_gpu_hours(est)
+            if hours is not None and hours > budget:
+                out.append(Problem(
+                    "run.budget_gpu_hours", "the planner's estimate exceeds the budget",
+                    f"estimated {hours:,.0f} GPU-hours > budget {budget:,.0f}",
+                    "raise run.budget_gpu_hours, shorten training.train_iters/train_tokens, or pick a cheaper layout"))
     return out
 
 

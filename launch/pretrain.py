@@ -116,7 +116,11 @@ def main(cfg: DictConfig, *, runner: Callable[..., Any] = subprocess.run, out: T
             print("refused: parallelism=auto needs launch/planner.py (choose_layout); pick a layout instead",
                   file=err)
             return 0 if sweep else EXIT_REFUSED
-        job, table = planner.choose_layout(job)
+        try:
+            job, table = planner.choose_layout(job)
+        except ValueError as exc:  # NoLayoutFits: its message carries the ranked table
+            print(f"refused: no layout fits; nothing was submitted\n{exc}", file=err)
+            return 0 if sweep else EXIT_REFUSED
         print(table, file=err)
     if sweep is not None:
         job = member_job(job, sweep)

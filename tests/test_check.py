@@ -97,6 +97,7 @@ CASES = [
     ("cpus_per_task", LUSTRE_7B + ["cluster.cpus_per_node=4"], None, "cluster.cpus_per_node", "4 // gpus_per_node 8"),
     ("micro_batch_zero", LOCAL_TINY + ["training.micro_batch_size=0"], None, "training.micro_batch_size", ">= 1"),
     ("router_topk", LUSTRE_MIX + ["model.moe_router_topk=9"], None, "model.moe_router_topk", "9 not in [1"),
+    ("budget_exceeded", LUSTRE_7B + ["run.budget_gpu_hours=1000"], None, "run.budget_gpu_hours", "> budget 1,000"),
     ("budget_nonpositive", LUSTRE_7B + ["run.budget_gpu_hours=0"], None, "run.budget_gpu_hours", "= 0"),
     ("dependency_chain_negative", LUSTRE_7B + ["run.dependency_chain=-1"], None, "run.dependency_chain", "-1"),
     ("mount_with_comma", LUSTRE_7B, _container(image="img", mounts=["/a:/a,/b:/b"]), "cluster.container.mounts[0]",

@@ -6,6 +6,7 @@ Refresh the golden files after an intended change with
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import os
 import shlex
@@ -157,8 +158,13 @@ def _stub_dir(root: Path) -> Path:
     return bin_dir
 
 
+@functools.lru_cache(maxsize=1)
+def _fuzz_base():
+    return compose_job(["cluster=lustre", "model=7b", "run.dir=/r"])
+
+
 def _fuzzed_job(name, path_part, partition, env_value, module, image, mount, python):
-    job = compose_job(["cluster=lustre", "model=7b", "run.dir=/r"])
+    job = _fuzz_base()
     c = job.cluster
     cluster = replace(c, partition=partition, account=partition, qos=partition, modules=[module],
                       env={**c.env, "FUZZ_VALUE": env_value}, python=python, exclude=path_part,
@@ -167,7 +173,7 @@ def _fuzzed_job(name, path_part, partition, env_value, module, image, mount, pyt
     return replace(job, cluster=cluster, run=replace(job.run, name=name))
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=with_newlines.filter(lambda s: "/" not in s and s not in (".", "..")), path_part=nasty_text,
        partition=with_newlines, env_value=with_newlines, module=nasty_text, image=nasty_text.filter(bool),
        mount=nasty_text.filter(lambda s: "," not in s), python=nasty_text.filter(lambda s: s.strip()))
