@@ -22,7 +22,7 @@ from launch.config import Job, ParallelismConfig
 from launch.planner.estimate import layout_name
 from launch.planner.memory import StageMemory, worst_stage
 from launch.planner.shapes import Shape, shape_of
-from launch.planner.steptime import StepTime, precision_dtype, step_time
+from launch.planner.steptime import StepTime, achievable_rate, precision_dtype, step_time
 from launch.problems import Problem
 
 RECOMPUTES = ("full", "selective", "none")  # most memory-saving first: if one does not fit, the rest do not
@@ -130,20 +130,21 @@ def rank_layouts(job: Job, *, attention: str = "fused") -> tuple[list[Row], Coun
     Rows that fit come first, by estimated MFU (ties: less memory); rows that do not fit follow,
     by memory. Memory falls monotonically with the distributed optimizer and with more
     recompute, so once a variant does not fit, the hungrier ones of the same mesh are recorded
-    as not fitting without being computed (``memory`` None). Step time is computed for fitting rows only (that is where the time goes). On a
-    CPU cluster nothing has a speed; :func:`choose_layout` then prefers the plainest layout.
+    as not fitting without being computed (``memory`` None). Step time is computed for fitting
+    rows only. On a CPU cluster nothing has a speed: the plainest layouts come first.
     """
     rules = _mesh_rules()
     invalid: Counter = Counter()
     shapes: dict[int, tuple[Shape, dict]] = {}
     limit = job.cluster.gpu_memory_gb
     on_gpu = job.cluster.gpu != "cpu"
-    peak = None
+    peak = rate = None
     if on_gpu:
         try:
             peak = peak_flops(job.cluster.gpu, precision_dtype(job.training.precision))
+            rate = achievable_rate(job)
         except UnknownDevice:
-            peak = None
+            peak = rate = None
     rows = []
     for mesh in meshes(job):
         problems = rules(dataclasses.replace(job, parallelism=mesh))
@@ -169,7 +170,7 @@ def rank_layouts(job: Job, *, attention: str = "fused") -> tuple[list[Row], Coun
                 failed.add((dopt, rc))
             st = mfu = None
             if fits and peak is not None:
-                st = step_time(cand, shape, flops, attention)
+                st = step_time(cand, shape, flops, attention, rate)
                 mfu = st.model_flops / st.step_time_s / cand.world_size / peak
             rows.append(Row(par=par, memory=mem, fits=fits, step=st, mfu=mfu))
     if peak is None:  # no speed to rank by: the plainest layout (no recompute, least model parallelism)

@@ -63,7 +63,7 @@ class StepTime:
     """Seconds per optimizer step, split by cause."""
 
     step_time_s: float
-    compute_s: float  # pure math of the slowest stage over all microbatches
+    compute_s: float  # GEMMs and memory-bound kernels of the slowest stage, over all microbatches
     tp_comm_s: float
     pp_bubble_s: float
     pp_p2p_s: float
@@ -95,11 +95,12 @@ def _bw(cluster, group: int) -> float:
     return (cluster.nvlink_bandwidth_gbs if inside else cluster.ib_bandwidth_gbs) * GB
 
 
-def step_time(job: Job, shape: Shape | None = None, flops: dict | None = None, attention: str = "fused") -> StepTime:
+def step_time(job: Job, shape: Shape | None = None, flops: dict | None = None, attention: str = "fused",
+              rate: float | None = None) -> StepTime:
     """Estimate one optimizer step of ``job`` (see the module docstring for every term).
 
-    ``flops`` may pass :func:`analysis.flops.flops_breakdown` for the global batch, so a layout
-    enumeration computes it once per tp instead of once per layout.
+    ``flops`` may pass :func:`analysis.flops.flops_breakdown` for the global batch and ``rate``
+    :func:`achievable_rate`, so a layout enumeration computes them once instead of per layout.
     """
     p, c, t = job.parallelism, job.cluster, job.training
     shape = shape or shape_of(job.model, p.tp)
@@ -107,7 +108,7 @@ def step_time(job: Job, shape: Shape | None = None, flops: dict | None = None, a
     parts = flops or flops_breakdown(job.model, gbs, padded_vocab_size=shape.vocab)
     tp, pp, cp, ep, v = max(1, p.tp), max(1, p.pp), max(1, p.cp), max(1, p.ep), chunks(p)
     mb, m = t.micro_batch_size, num_microbatches(job)
-    rate = achievable_rate(job)
+    rate = rate or achievable_rate(job)
 
     layer_model = parts["attn_proj"] + parts["attn_core"] + parts["mlp"] + parts["mtp"]
     if p.recompute == "full":
