@@ -1,0 +1,342 @@
+"""Keep a failed node out of the next attempt of the same (requeued) job.
+
+``<run_dir>/failed_nodes.json`` (:func:`recovery.policy.record_failed_node`) keeps bad nodes
+out of the *next submission* (the renderer turns it into ``--exclude``). A requeued job is
+not resubmitted, though: it keeps its id and its original ``--exclude``. This module carries
+the exclusion over to the next attempt of the same job, in three places:
+
+1. **Before a requeue we ask for** (a stop checkpoint, or a hardware fault on this node):
+   :func:`requeue_excluding` runs ``scontrol requeue <id>`` and *then*
+   ``scontrol update JobId=<id> ExcNodeList=<old + failed>``.
+2. **After a requeue Slurm did by itself** (NODE_FAIL with ``--requeue``): the next attempt
+   calls :func:`start_check`, which learns the failed node (:func:`learn_failed_nodes`: the
+   NODE_FAIL attempt's node list from ``sacct -D``, narrowed to the node(s) that went down in
+   that window by ``sacctmgr show event``, else to those ``sinfo`` shows down/drained now) and
+   records it.
+3. **At the start of every attempt** (:func:`start_check`): if this allocation contains a
+   recorded failed node, the attempt does not train; it requeues itself excluding the failed
+   nodes (exit 42). The zero-progress guard and ``max_restarts`` bound this like any restart.
+
+Facts this relies on (Slurm 22.05 on the local test cluster, ``tests/slurm_cluster.py``):
+
+* ``scontrol update ... ExcNodeList=`` on a RUNNING job fails: "Job is no longer pending
+  execution". Hence the order: requeue first, then update.
+* Right after ``scontrol requeue`` the job is requeued (COMPLETING, then PENDING with reason
+  BeginTime for ~10 s) and the update is accepted; the next attempt ran on another node.
+* The requeue sends SIGTERM to every process of the job, including an ``scontrol`` started
+  from inside it (seen: the update exited 143). :func:`default_runner` starts commands with
+  SIGTERM ignored, so they finish within ``KillWait``.
+* After a NODE_FAIL the node may come back at once (``ReturnToService``), and the requeued job
+  was seen landing on it again: only step 3 catches that.
+* ``ExcNodeList=`` replaces the list, so the job's current one (its ``--exclude``) is merged in.
+
+Pure logic over an injected ``runner`` (``subprocess.run``-compatible) and clock; no torch,
+no launch imports. CLI for the batch script, before ``srun``::
+
+    python -m recovery.exclusion start RUN_DIR      # exit 0: train; 42: requeued, stop here
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+
+from recovery import policy
+
+Runner = Callable[..., Any]
+EXIT_TRAIN, EXIT_REQUEUED = 0, policy.EXIT_REQUEUE
+BAD_NODE_STATES = ("down", "drain", "fail", "not_responding", "no_respond")  # sinfo %T prefixes/words
+EVENT_WINDOW_S = 120  # a node going down this long after the attempt ended still counts (slow detection)
+_HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
+
+# Errors that mean "this node's hardware", not "our code": recorded with the host that raised them.
+HARDWARE_PATTERNS = (
+    (re.compile(r"uncorrectable ECC error", re.I), "uncorrectable ECC error"),
+    (re.compile(r"\bXid\b", re.I), "GPU Xid error"),
+    (re.compile(r"fallen off the bus", re.I), "GPU fell off the bus"),
+    (re.compile(r"CUDA error: (an illegal memory access|unspecified launch failure|ECC)", re.I),
+     "CUDA device fault"),
+    (re.compile(r"NVLink (error|fatal)", re.I), "NVLink error"),
+    (re.compile(r"ibv_\w+ failed|IB(V)? (link|port) (down|error)", re.I), "InfiniBand error"),
+)
+
+
+def _ignore_sigterm() -> None:  # pragma: no cover - runs in the child before exec
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def default_runner(argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
+    """``subprocess.run`` with text output, a timeout, and SIGTERM ignored in the child.
+
+    A requeue SIGTERMs every process of the job; the ``scontrol update`` that follows it must
+    survive that (it is killed only at SIGKILL, ``KillWait`` seconds later).
+    """
+    kwargs.setdefault("capture_output", True)
+    kwargs.setdefault("text", True)
+    kwargs.setdefault("timeout", 60)
+    return subprocess.run(list(argv), preexec_fn=_ignore_sigterm, **kwargs)
+
+
+def _call(runner: Runner, argv: Sequence[str]) -> tuple[int, str, str]:
+    try:
+        proc = runner(list(argv), capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return 127, "", f"{argv[0]} could not run: {exc}"
+    return int(getattr(proc, "returncode", 0)), getattr(proc, "stdout", "") or "", getattr(proc, "stderr", "") or ""
+
+
+def hardware_fault(text: str) -> Optional[str]:
+    """A short reason if ``text`` (an exception or its traceback) names a node hardware fault."""
+    for pattern, reason in HARDWARE_PATTERNS:
+        if pattern.search(text or ""):
+            return reason
+    return None
+
+
+# ---- host lists ---------------------------------------------------------------------------
+
+def expand_hosts(nodelist: str, runner: Runner) -> list[str]:
+    """``stn[1-2],gpu7`` -> hosts, by ``scontrol show hostnames``; plain comma lists without it."""
+    nodelist = (nodelist or "").strip()
+    if not nodelist or nodelist in ("(null)", "None", "None assigned"):
+        return []
+    if "[" not in nodelist:
+        return [h for h in nodelist.split(",") if h]
+    rc, out, _err = _call(runner, ["scontrol", "show", "hostnames", nodelist])
+    return out.split() if rc == 0 else []
+
+
+def recorded_hosts(run_dir: Path) -> list[str]:
+    """The failed hosts in ``failed_nodes.json``, de-duplicated, in recording order."""
+    hosts: list[str] = []
+    for entry in policy.failed_nodes(run_dir):
+        host = str(entry.get("host"))
+        if _HOST.match(host) and host not in hosts:
+            hosts.append(host)
+    return hosts
+
+
+# ---- telling Slurm ------------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    """What a Slurm command did; ``ok`` False keeps the command's own words in ``detail``."""
+
+    ok: bool
+    detail: str = ""
+    excluded: list[str] = field(default_factory=list)
+
+
+def current_exclusions(job_id: str, runner: Runner) -> list[str]:
+    """The job's ExcNodeList now (its ``--exclude`` and earlier updates), expanded."""
+    rc, out, _err = _call(runner, ["scontrol", "-o", "show", "job", job_id])
+    if rc != 0:
+        return []
+    match = re.search(r"\bExcNodeList=(\S+)", out)
+    return expand_hosts(match.group(1), runner) if match else []
+
+
+def set_excluded(job_id: str, hosts: Iterable[str], runner: Runner) -> Outcome:
+    """``scontrol update JobId=<id> ExcNodeList=<current + hosts>`` on a pending (or just requeued) job."""
+    merged: list[str] = []
+    for h in current_exclusions(job_id, runner) + list(hosts):
+        if h and h not in merged:
+            merged.append(h)
+    if not merged:
+        return Outcome(True, "nothing to exclude")
+    rc, out, err = _call(runner, ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(merged)}"])
+    if rc != 0:
+        return Outcome(False, f"scontrol update JobId={job_id} ExcNodeList=... failed (rc {rc}): "
+                              f"{(err or out).strip()[:300]}", merged)
+    return Outcome(True, f"job {job_id} now excludes {','.join(merged)}", merged)
+
+
+def requeue_excluding(job_id: str, hosts: Sequence[str], runner: Runner = default_runner) -> Outcome:
+    """Requeue this job, then keep ``hosts`` out of its next attempt (the order matters, see above)."""
+    rc, out, err = _call(runner, ["scontrol", "requeue", job_id])
+    if rc != 0:
+        return Outcome(False, f"scontrol requeue {job_id} failed (rc {rc}): {(err or out).strip()[:300]}")
+    if not hosts:
+        return Outcome(True, f"job {job_id} requeued")
+    res = set_excluded(job_id, hosts, runner)
+    return Outcome(res.ok, f"job {job_id} requeued; {res.detail}", res.excluded)
+
+
+# ---- learning what Slurm saw ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Attempt:
+    """One run of a job, as ``sacct -D -X`` lists it."""
+
+    job_id: str
+    state: str
+    nodelist: str
+    start: str
+    end: str
+
+
+def parse_attempts(text: str) -> list[Attempt]:
+    """Rows of ``sacct -D -X --parsable2 --noheader --format=JobIDRaw,State,NodeList,Start,End``."""
+    out = []
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) >= 5 and parts[0]:
+            out.append(Attempt(parts[0], parts[1].split()[0] if parts[1] else "", parts[2], parts[3], parts[4]))
+    return out
+
+
+def node_fail_attempts(job_id: str, runner: Runner) -> list[Attempt]:
+    """This job's earlier attempts that ended NODE_FAIL (``sacct -D`` keeps every requeued run)."""
+    rc, out, _err = _call(runner, ["sacct", "-j", job_id, "-D", "-X", "--parsable2", "--noheader",
+                                   "--format=JobIDRaw,State,NodeList,Start,End"])
+    if rc != 0:
+        return []
+    return [a for a in parse_attempts(out) if a.state == "NODE_FAIL"]
+
+
+def _time(s: str) -> Optional[datetime]:
+    try:
+        return datetime.fromisoformat(s.strip())
+    except ValueError:
+        return None
+
+
+def parse_events(text: str) -> list[tuple[str, Optional[datetime], str, str]]:
+    """Rows of ``sacctmgr -n -P show event ... format=NodeName,TimeStart,State,Reason``."""
+    out = []
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) >= 4 and parts[0]:
+            out.append((parts[0], _time(parts[1]), parts[2], "|".join(parts[3:])))
+    return out
+
+
+def culprits(attempt: Attempt, runner: Runner) -> list[tuple[str, str]]:
+    """Which of a NODE_FAIL attempt's nodes failed, with a reason.
+
+    The node list of a NODE_FAIL attempt names every node of the job; excluding all of them
+    would throw away healthy nodes. The accounting event table says which went down in the
+    attempt's window; if it is unavailable, ``sinfo`` says which are still down or drained.
+    If neither tells, nothing is recorded (see the caller's ``unknown`` note).
+    """
+    hosts = expand_hosts(attempt.nodelist, runner)
+    if not hosts:
+        return []
+    start, end = _time(attempt.start), _time(attempt.end)
+    rc, out, _err = _call(runner, ["sacctmgr", "-n", "-P", "show", "event", f"Nodes={','.join(hosts)}",
+                                   f"Start={attempt.start}", "format=NodeName,TimeStart,State,Reason"])
+    found: list[tuple[str, str]] = []
+    if rc == 0:
+        for node, when, state, reason in parse_events(out):
+            in_window = when is None or start is None or end is None or (
+                start <= when <= end + timedelta(seconds=EVENT_WINDOW_S))
+            if node in hosts and in_window and node not in [f[0] for f in found]:
+                found.append((node, f"NODE_FAIL: {state.lower()} {reason}".strip()))
+    if found:
+        return found
+    rc, out, _err = _call(runner, ["sinfo", "-h", "-N", "-n", ",".join(hosts), "-o", "%N|%T|%E"])
+    if rc == 0:
+        for line in out.splitlines():
+            node, _, rest = line.strip().partition("|")
+            state, _, reason = rest.partition("|")
+            if node in hosts and any(b in state.lower() for b in BAD_NODE_STATES) and \
+                    node not in [f[0] for f in found]:
+                found.append((node, f"NODE_FAIL: {state} {reason}".strip()))
+    return found
+
+
+def learn_failed_nodes(run_dir: Path, job_id: str, runner: Runner,
+                       clock: Callable[[], float] = time.time) -> tuple[list[str], list[str]]:
+    """Record the nodes behind this job's NODE_FAIL attempts; returns (newly recorded, unknown notes)."""
+    known = set(recorded_hosts(run_dir))
+    new, unknown = [], []
+    for attempt in node_fail_attempts(job_id, runner):
+        found = culprits(attempt, runner)
+        if not found:
+            unknown.append(f"attempt {attempt.start}..{attempt.end} on {attempt.nodelist} ended NODE_FAIL, "
+                           f"but no node of it is known to have failed")
+        for host, reason in found:
+            if host not in known:
+                policy.record_failed_node(run_dir, host, reason, clock=clock, job_id=job_id)
+                known.add(host)
+                new.append(host)
+    return new, unknown
+
+
+# ---- the start of an attempt -----------------------------------------------------------------
+
+@dataclass
+class StartCheck:
+    """What :func:`start_check` decided: ``train``, or ``requeue`` (this attempt must stop, exit 42)."""
+
+    action: str
+    learned: list[str] = field(default_factory=list)  # failed nodes newly recorded from sacct
+    bad_here: list[str] = field(default_factory=list)  # recorded failed nodes in this allocation
+    detail: str = ""
+
+
+def start_check(run_dir: Path, env: Mapping[str, str], runner: Runner = default_runner, *,
+                requeue_allowed: bool = True, clock: Callable[[], float] = time.time,
+                emit: Optional[Callable[..., Any]] = None) -> StartCheck:
+    """Before training: learn failed nodes Slurm saw, and refuse to train on a recorded one.
+
+    Outside Slurm (no ``SLURM_JOB_ID``) there is nothing to do. ``emit`` (an EventLog's) gets
+    ``failed_node`` for each newly learned node and ``exclude`` when the attempt requeues.
+    """
+    job_id = env.get("SLURM_JOB_ID") or ""
+    if not job_id:
+        return StartCheck("train", detail="not under Slurm")
+    learned: list[str] = []
+    notes: list[str] = []
+    if policy.restart_count_from_env(env) > 0:
+        learned, notes = learn_failed_nodes(run_dir, job_id, runner, clock)
+    failed = recorded_hosts(run_dir)
+    if emit is not None:
+        for host in learned:
+            emit("failed_node", host=host, source="sacct")
+    here = expand_hosts(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "", runner)
+    bad = [h for h in here if h in failed]
+    detail = "; ".join(notes)
+    if not bad:
+        return StartCheck("train", learned, [], detail or f"no recorded failed node among {','.join(here)}")
+    if not requeue_allowed:
+        return StartCheck("train", learned, bad, f"on recorded failed node(s) {','.join(bad)} but "
+                                                 "cluster.requeue_allowed is false: training anyway")
+    res = requeue_excluding(job_id, failed, runner)
+    if emit is not None:
+        emit("exclude", hosts=failed, bad_here=bad, ok=res.ok, detail=res.detail)
+    if not res.ok:
+        return StartCheck("train", learned, bad, f"could not requeue away from {','.join(bad)}: {res.detail}")
+    return StartCheck("requeue", learned, bad, res.detail)
+
+
+def main(argv: Optional[Sequence[str]] = None, env: Optional[Mapping[str, str]] = None,
+         runner: Runner = default_runner) -> int:
+    """``python -m recovery.exclusion start RUN_DIR [--no-requeue]`` (the batch script, before srun)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    allowed = "--no-requeue" not in args
+    args = [a for a in args if a != "--no-requeue"]
+    if len(args) != 2 or args[0] != "start":
+        print("usage: python -m recovery.exclusion start RUN_DIR [--no-requeue]", file=sys.stderr)
+        return 2
+    env = dict(os.environ if env is None else env)
+    run_dir = Path(args[1])
+    from recovery.events import EventLog
+
+    events = EventLog(run_dir / "events.jsonl", job_id=env.get("SLURM_JOB_ID"),
+                      restart_count=policy.restart_count_from_env(env))
+    res = start_check(run_dir, env, runner, requeue_allowed=allowed, emit=events.emit)
+    print(f"slurmtron exclusion: {res.action}: {res.detail}"
+          + (f" (learned {','.join(res.learned)})" if res.learned else ""), flush=True)
+    return EXIT_REQUEUED if res.action == "requeue" else EXIT_TRAIN
+
+
+if __name__ == "__main__":
+    sys.exit(main())
