@@ -15,7 +15,7 @@ resume_fallback     skipped (path), reason  -- a torn/corrupt checkpoint was pas
 signal              signal (name), step
 checkpoint_saved    step, path, seconds, bytes, reason (interval|signal|final)
 checkpoint_interval interval, reasoning (Young/Daly)
-requeue             method (scontrol|exit_code), step
+requeue             method (scontrol|exit_code), step, signal, job_id_requeued, detail
 stop                reason (zero_progress|max_restarts|crash|...), code, detail
 exit                reason (completed|requeue|signal|error), code, step
 train_end           step, consumed_samples

@@ -260,3 +260,18 @@ def test_crash_after_every_operation_never_yields_a_torn_checkpoint(tmp_path, re
         assert (r.path / "__0_0.distcp").read_bytes() == b"attempt 3 " * 500
         assert read_latest(root) == "iter_0000020"
         assert sorted(p.name for p in root.iterdir() if p.is_dir()) == ["iter_0000020"]
+
+
+def test_fault_harness_byte_flip_is_caught_by_verification(tmp_path):
+    """The fault tests' corruption (recovery.faults) really damages the newest checkpoint."""
+    from recovery.faults import Fault, flip_byte_in_latest
+
+    save(tmp_path, 10)
+    save(tmp_path, 20)
+    target = flip_byte_in_latest(tmp_path)
+    assert target is not None and target.parent == final_path(tmp_path, 20)
+    assert "checksum mismatch" in verify(final_path(tmp_path, 20))
+    assert find_latest_verified(tmp_path).step == 10
+    assert flip_byte_in_latest(tmp_path / "none") is None
+    with pytest.raises(ValueError, match="kind"):
+        Fault("reboot")

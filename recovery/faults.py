@@ -1,0 +1,345 @@
+"""Fault injection for a local multi-process run of ``python -m launch.worker RUN_DIR``.
+
+Used by ``tests/test_recovery_faults.py`` and ``benchmarks/bench_recovery.py`` to show the
+recovery claims on a real Megatron-Core job: every fault resumes, resume is bitwise equal
+to an uninterrupted run, no step is lost beyond the last checkpoint, and a torn or corrupt
+checkpoint is never loaded.
+
+It plays the part of Slurm plus a requeue loop, one *attempt* at a time: it starts one
+process per rank (torchrun-style env: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR``, ``MASTER_PORT``, and ``SLURMTRON_RESTART_COUNT`` = attempt index), watches
+rank 0's ``events.jsonl`` and the checkpoint directory, fires the attempt's planned
+:class:`Fault` s in order, and, like ``srun --kill-on-bad-exit``, kills the surviving ranks of an
+attempt in which one rank died. The next attempt is started while the previous one did
+not complete (exit 42 after a stop checkpoint, or a crash) and did not stop for good
+(exit 3 zero-progress, 4 max restarts).
+
+Each rank runs in its own session (process group): a SIGKILL fault and the clean-up kill
+the whole group, so helper processes of the checkpoint writer die with their rank, as they
+would when Slurm kills a task. No torch here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Optional, Sequence
+
+from recovery.commit import parse_dir_name
+from recovery.events import read_events
+from recovery.policy import EXIT_COMPLETED, EXIT_MAX_RESTARTS, EXIT_ZERO_PROGRESS
+
+KINDS = ("signal_all", "signal_rank", "kill_rank", "kill_in_save", "corrupt_latest")
+
+
+@dataclass
+class Fault:
+    """One injected fault.
+
+    * ``signal_all``: send ``signum`` to every rank (what Slurm's ``--signal`` or a
+      preemption does) once this attempt has logged ``after_steps`` iterations;
+    * ``signal_rank``: send ``signum`` to ``rank`` only (the ranks must agree on the stop);
+    * ``kill_rank``: SIGKILL ``rank`` (its whole process group) after ``after_steps`` iterations;
+    * ``kill_in_save``: SIGKILL rank 0 during the first save that starts after
+      ``after_steps`` iterations, while it is in its staging directory (run the attempt
+      with ``SLURMTRON_TEST_SAVE_SLEEP_S`` so the window is wide): a torn ``iter_N.tmp``;
+    * ``corrupt_latest``: before the attempt starts, flip one byte in the largest shard of
+      the newest committed checkpoint (bit rot / a bad write that fsync did not catch).
+    """
+
+    kind: str
+    after_steps: int = 1
+    signum: int = signal.SIGUSR2
+    rank: int = 0
+    env: Mapping[str, str] = field(default_factory=dict)  # extra env for this attempt only
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"Fault.kind={self.kind!r}; expected one of {', '.join(KINDS)}")
+
+    def label(self) -> str:
+        sig = signal.Signals(self.signum).name
+        n = self.after_steps
+        return {
+            "signal_all": f"{sig} to all ranks after {n} step(s)",
+            "signal_rank": f"{sig} to rank {self.rank} after {n} step(s)",
+            "kill_rank": f"SIGKILL rank {self.rank} after {n} step(s)",
+            "kill_in_save": f"SIGKILL rank 0 during the first save after {n} step(s)",
+            "corrupt_latest": "one flipped byte in the newest checkpoint",
+        }[self.kind]
+
+
+@dataclass
+class Attempt:
+    """One launch of all ranks."""
+
+    restart: int
+    codes: list  # per-rank exit codes (negative: killed by that signal)
+    faults: list = field(default_factory=list)  # the Faults planned for this attempt
+    fired: list = field(default_factory=list)  # (Fault, time.time() injected, detail) in firing order
+    started: float = 0.0  # time.time() when the ranks were spawned
+    ended: float = 0.0
+    timed_out: bool = False
+
+    @property
+    def code(self) -> int:
+        """The attempt's exit code as a launcher sees it: rank 0's, unless a rank was killed."""
+        if any(c is None or c < 0 for c in self.codes):
+            return -9
+        return self.codes[0]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def rank_env(base: Mapping[str, str], rank: int, world: int, port: int, restart: int) -> dict:
+    """A torchrun-style environment for one rank, with every inherited SLURM_* removed.
+
+    ``OMP_NUM_THREADS`` defaults to 1: the thread count changes the order of float
+    reductions, and a bitwise comparison needs the same order in every attempt.
+    """
+    env = {k: v for k, v in base.items() if not k.startswith("SLURM_")}
+    env.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLURMTRON_RESTART_COUNT=str(restart),
+        PYTHONUNBUFFERED="1", OMP_NUM_THREADS=base.get("OMP_NUM_THREADS", "1"),
+        PYTHONPATH=os.pathsep.join([str(REPO_ROOT)] + ([base["PYTHONPATH"]] if base.get("PYTHONPATH") else [])),
+    )
+    return env
+
+
+def flip_byte_in_latest(ckpt_root: Path) -> Optional[Path]:
+    """Flip one byte in the middle of the largest file of the newest ``iter_N`` directory."""
+    finals = sorted(
+        (parse_dir_name(p.name)[0], p) for p in Path(ckpt_root).iterdir()
+        if p.is_dir() and parse_dir_name(p.name) and not parse_dir_name(p.name)[1]
+    ) if Path(ckpt_root).is_dir() else []
+    if not finals:
+        return None
+    newest = finals[-1][1]
+    files = [p for p in newest.rglob("*") if p.is_file() and p.name != "manifest.json"]
+    target = max(files, key=lambda p: (p.stat().st_size, p.name))
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    target.write_bytes(bytes(data))
+    return target
+
+
+def _staging_with_files(ckpt_root: Path, since: float) -> Optional[Path]:
+    """A staging directory written to since ``since`` that holds shards (a save in progress)."""
+    if not ckpt_root.is_dir():
+        return None
+    for p in ckpt_root.iterdir():
+        parsed = parse_dir_name(p.name)
+        if parsed and parsed[1] == ".tmp":
+            try:
+                if p.stat().st_mtime >= since and any(q.is_file() for q in p.rglob("*")):
+                    return p
+            except FileNotFoundError:  # renamed under us: the commit won the race
+                continue
+    return None
+
+
+def _killpg(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _kill(proc: subprocess.Popen, sig: int) -> None:
+    if proc.poll() is None:
+        try:
+            os.kill(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+class EventTail:
+    """Reads rank 0's events.jsonl incrementally."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = path.stat().st_size if path.exists() else 0
+
+    def new(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        end = data.rfind(b"\n")
+        if end < 0:
+            return []
+        self.offset += end + 1
+        out = []
+        for line in data[: end + 1].decode("utf-8", "replace").splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+        return out
+
+
+def run_attempt(
+    run_dir: Path,
+    world: int,
+    restart: int,
+    faults: Sequence[Fault] = (),
+    *,
+    ckpt_root: Optional[Path] = None,
+    env: Optional[Mapping[str, str]] = None,
+    timeout_s: float = 300.0,
+    kill_grace_s: float = 5.0,
+    python: str = sys.executable,
+    cwd: Optional[Path] = None,
+    poll_s: float = 0.05,
+    clock: Callable[[], float] = time.time,
+) -> Attempt:
+    """Start every rank, inject each fault when its trigger is seen, wait for all to end."""
+    run_dir = Path(run_dir)
+    ckpt_root = Path(ckpt_root or run_dir / "checkpoints")
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    base = dict(os.environ if env is None else env)
+    for f in faults:
+        base.update(f.env)
+    att = Attempt(restart=restart, codes=[None] * world, faults=list(faults))
+    pending = []
+    for f in faults:
+        if f.kind == "corrupt_latest":
+            target = flip_byte_in_latest(ckpt_root)
+            if target is not None:
+                att.fired.append((f, clock(), str(target)))
+        else:
+            pending.append(f)
+    tail = EventTail(run_dir / "events.jsonl")
+    port = free_port()
+    procs: list[subprocess.Popen] = []
+    outs = []
+    att.started = clock()
+    for r in range(world):
+        out = open(logs / f"faults_{restart}_rank{r}.out", "ab")
+        outs.append(out)
+        procs.append(subprocess.Popen(
+            [python, "-m", "launch.worker", str(run_dir)],
+            env=rank_env(base, r, world, port, restart), stdout=out, stderr=subprocess.STDOUT,
+            cwd=str(cwd or REPO_ROOT), start_new_session=True,
+        ))
+    deadline = att.started + timeout_s
+    first_death: Optional[float] = None
+    iterations = 0
+    try:
+        while True:
+            for i, p in enumerate(procs):
+                if att.codes[i] is None and p.poll() is not None:
+                    att.codes[i] = p.returncode
+            if all(c is not None for c in att.codes):
+                break
+            now = clock()
+            if now > deadline:
+                att.timed_out = True
+                break
+            if first_death is None and any(c is not None and c != 0 for c in att.codes):
+                first_death = now
+            if first_death is not None and now - first_death > kill_grace_s:
+                break  # like srun --kill-on-bad-exit: a dead rank takes the step down
+            for rec in tail.new():
+                if rec.get("event") == "iteration" and rec.get("restart_count") == restart:
+                    iterations += 1
+            if pending and _fire(pending[0], att, procs, iterations, ckpt_root, clock):
+                pending.pop(0)
+            time.sleep(poll_s)
+    finally:
+        for i, p in enumerate(procs):
+            if att.codes[i] is None:
+                _killpg(p, signal.SIGKILL)
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    pass
+                att.codes[i] = p.returncode if p.returncode is not None else -9
+            _killpg(p, signal.SIGKILL)  # helpers left in the rank's group
+        for out in outs:
+            out.close()
+    att.ended = clock()
+    return att
+
+
+def _fire(fault: Fault, att: Attempt, procs: list, iterations: int, ckpt_root: Path,
+          clock: Callable[[], float]) -> bool:
+    """Inject ``fault`` if its trigger is met; True if it fired."""
+    if iterations < fault.after_steps:
+        return False
+    if fault.kind == "signal_all":
+        for p in procs:
+            _kill(p, fault.signum)
+        detail = f"after {iterations} step(s)"
+    elif fault.kind == "signal_rank":
+        _kill(procs[fault.rank], fault.signum)
+        detail = f"after {iterations} step(s)"
+    elif fault.kind == "kill_rank":
+        _killpg(procs[fault.rank], signal.SIGKILL)
+        detail = f"after {iterations} step(s)"
+    else:  # kill_in_save
+        staging = _staging_with_files(ckpt_root, att.started)
+        if staging is None:
+            return False
+        _killpg(procs[0], signal.SIGKILL)
+        detail = f"during the save into {staging.name}"
+    att.fired.append((fault, clock(), detail))
+    return True
+
+
+def run_until_done(
+    run_dir: Path,
+    world: int,
+    plan: Sequence[Sequence[Fault]] = (),
+    *,
+    max_attempts: int = 12,
+    first_restart: int = 0,
+    **kwargs,
+) -> list[Attempt]:
+    """Attempt after attempt (``plan[i]`` in attempt i) until the job completes or stops for good."""
+    attempts: list[Attempt] = []
+    for i in range(max_attempts):
+        faults = list(plan[i]) if i < len(plan) else []
+        att = run_attempt(run_dir, world, first_restart + i, faults, **kwargs)
+        attempts.append(att)
+        if att.timed_out:
+            break
+        if att.code in (EXIT_COMPLETED, EXIT_ZERO_PROGRESS, EXIT_MAX_RESTARTS) and all(
+                c == att.code for c in att.codes):
+            break
+    return attempts
+
+
+def losses_by_attempt(run_dir: Path) -> dict[int, dict[int, str]]:
+    """{restart_count: {step: repr(loss)}} from the ``iteration`` events of rank 0."""
+    out: dict[int, dict[int, str]] = {}
+    for rec in read_events(Path(run_dir) / "events.jsonl"):
+        if rec.get("event") == "iteration":
+            out.setdefault(int(rec.get("restart_count") or 0), {})[int(rec["step"])] = str(rec["loss"])
+    return out
+
+
+def write_rank_logs_tail(run_dir: Path, n_chars: int = 4000) -> str:
+    """The end of every harness rank log, for an assertion message."""
+    parts = []
+    for p in sorted((Path(run_dir) / "logs").glob("faults_*_rank*.out")):
+        parts.append(f"==> {p.name} <==\n{p.read_text(errors='replace')[-n_chars:]}")
+    return "\n".join(parts)
