@@ -92,7 +92,7 @@ ITERATION_COLUMNS = ["source", "job_id", "rank", "seq", "offset"] + _RAW_COLUMNS
 _INT_LIMIT = 2**53  # larger iteration numbers are garbage, not progress
 
 _CHECKPOINT_RE = re.compile(
-    r"(?m)^[^\n]*?(?:"
+    r"(?:"
     r"(?P<save>saving checkpoint at iteration[ \t]+(?P<save_it>[0-9]+) to (?P<save_path>[^ \t\n]+))"
     r"|(?P<saved>successfully saved checkpoint (?:at|from) iteration[ \t]+(?P<saved_it>[0-9]+)"
     r"(?: to (?P<saved_path>[^ \t\n]+))?)"
@@ -269,8 +269,10 @@ def parse_checkpoint_text(text: str, *, source: str = "", job_id: str | None = N
     step a restart resumed from. ``offset`` is the position in the file, to order these
     against error lines. ``skipped`` is always 0: a garbled checkpoint line is just not one.
     """
+    from analysis.signatures import candidate_lines  # local: signatures imports nothing of ours
+
     recs = []
-    for m in _CHECKPOINT_RE.finditer(text):
+    for m in (m for st, en in candidate_lines(text, ("checkpoint",)) for m in _CHECKPOINT_RE.finditer(text, st, en)):
         g = m.groupdict()
         for kind in ("save", "saved", "load", "loaded"):
             if g[kind]:
