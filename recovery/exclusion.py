@@ -328,6 +328,8 @@ def main(argv: Optional[Sequence[str]] = None, env: Optional[Mapping[str, str]] 
         return 2
     env = dict(os.environ if env is None else env)
     run_dir = Path(args[1])
+    if argv is None:  # the real CLI: the requeue it may do SIGTERMs this process before the update
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from recovery.events import EventLog
 
     events = EventLog(run_dir / "events.jsonl", job_id=env.get("SLURM_JOB_ID"),
