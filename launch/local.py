@@ -185,7 +185,7 @@ def run(
             previous[s] = signal.signal(s, lambda signum, _f: launcher.forward(signum))
     try:
         limit = max_attempts if max_attempts is not None else job.training.max_restarts + 2
-        attempt = _first_attempt(run_dir)
+        attempt = 0  # a fresh launch starts a new chain (restart count 0), like a new sbatch
         code = 1
         for _ in range(limit):
             result = launcher.launch(attempt)
@@ -198,7 +198,3 @@ def run(
         for s, h in previous.items():
             signal.signal(s, h)
 
-
-def _first_attempt(run_dir: Path) -> int:
-    """0 for a fresh run; a resubmitted run starts a new chain too (the policy's restart count 0)."""
-    return 0

@@ -91,6 +91,7 @@ def to_transformer_config(
         # MoE
         num_moe_experts=model.num_experts if moe else None,
         moe_router_topk=model.moe_router_topk,
+        moe_router_pre_softmax=moe and model.moe_router_topk == 1,  # Megatron requires it for top-1
         moe_ffn_hidden_size=(model.moe_ffn_hidden_size or model.ffn_hidden_size) if moe else None,
         moe_token_dispatcher_type="alltoall" if moe else "allgather",
         moe_aux_loss_coeff=1e-2 if moe else 0.0,
@@ -112,7 +113,7 @@ def to_transformer_config(
         bf16=training.precision == "bf16",
         fp16=training.precision == "fp16",
         use_cpu_initialization=not cuda,
-        perform_initialization=False,  # init_layout_independent() does it
+        perform_initialization=True,  # also tags TP attributes; init_layout_independent() then redraws
         gradient_accumulation_fusion=False,
         bias_activation_fusion=cuda and model.swiglu,
         masked_softmax_fusion=cuda,
@@ -216,9 +217,10 @@ def init_layout_independent(chunks: List[torch.nn.Module], model: ModelConfig, s
                 dim, stride, rank, world = 0, 1, 0, 1
             full_shape = list(p.shape)
             full_shape[dim] *= world
-            gen = torch.Generator(device="cpu").manual_seed(seed * 1_000_003 + zlib.crc32(gname.encode()))
+            # drawn on the parameter's device: the same values for every layout on one device type
+            gen = torch.Generator(device=p.device).manual_seed(seed * 1_000_003 + zlib.crc32(gname.encode()))
             s = scaled if gname.endswith(("linear_proj.weight", "linear_fc2.weight")) else std
-            full = torch.empty(full_shape, dtype=torch.float32).normal_(0.0, s, generator=gen)
+            full = torch.empty(full_shape, dtype=torch.float32, device=p.device).normal_(0.0, s, generator=gen)
             # the same interleaving as Megatron's _initialize_affine_weight_cpu
             pieces = torch.split(full, p.shape[dim] // stride, dim=dim)
             mine = torch.cat(pieces[rank::world], dim=dim)

@@ -2,7 +2,8 @@
 
 Real runs bring their own tokenizer; tests and the embedded default need one that works
 with no network and no files. It has the attributes Megatron-Core's GPT dataset reads
-(``vocab_size``, ``eod``, ``pad``) and imports neither torch nor megatron.
+(``vocab_size``, ``eod``, ``unique_identifiers``; no ``pad``, so
+Megatron uses its own pad id) and imports neither torch nor megatron.
 """
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ class ByteTokenizer:
         return self.eod + 1
 
     @property
-    def pad(self) -> int:
-        return self.eod  # masked out of the loss by the dataset's loss mask
+    def unique_identifiers(self) -> Dict[str, object]:
+        """Megatron's dataset hashes this into its index-cache key."""
+        return {"class": type(self).__name__, "eod": self.eod}
 
     @property
     def vocab(self) -> Dict[str, int]:

@@ -334,15 +334,15 @@ def run_loop(
             tflops = io.flops_per_step / (elapsed * world) / 1e12
             if io.peak_flops:
                 mfu = tflops * 1e12 / io.peak_flops
-        if iteration % max(1, t.log_interval) == 0 or iteration == iters:
+        if iteration % max(1, t.log_interval) == 0 or iteration == iters:  # the event log fsyncs: same cadence
+            io.emit("iteration", step=iteration, loss=repr(loss), grad_norm=repr(grad_norm), lr=repr(lr),
+                    consumed_samples=state.consumed_samples, seconds=elapsed)
             io.log(format_iteration(
                 now=io.now(), iteration=iteration, train_iters=iters, consumed=state.consumed_samples,
                 elapsed_ms=elapsed * 1000.0, lr=lr, gbs=t.global_batch_size, loss=loss,
                 loss_scale=float(getattr(optimizer, "get_loss_scale", lambda: torch.tensor(1.0))().item()),
                 grad_norm=grad_norm, skipped=counters.skipped, nan=counters.nan, tflops=tflops, mfu=mfu,
             ))
-        io.emit("iteration", step=iteration, loss=repr(loss), grad_norm=repr(grad_norm), lr=repr(lr),
-                consumed_samples=state.consumed_samples, seconds=elapsed)
         if interval is None and iteration < iters:
             save_s = io.save(state, "interval")
             interval = io.resolve_auto(elapsed, save_s) if io.resolve_auto else 1

@@ -19,6 +19,10 @@ Test hooks, read only here (never set them in production):
     rank 0 sleeps this long inside every save, after all shards are written and before the
     commit, so a test can kill the job mid-save (a torn checkpoint).
 
+``SLURMTRON_TEST_PARAM_DIGEST``
+    when set, every rank prints ``parameter digest rank R: <sha256>`` of its local
+    parameters at the end, so a test can show data-parallel replicas are identical.
+
 ``training.fail_at_iter=N`` raises at iteration N on every rank (a deterministic crash).
 
 Everything runs under ``if __name__ == "__main__":``: dist_checkpointing's writer starts a
@@ -43,12 +47,14 @@ class Hooks:
 
     step_sleep_s: float = 0.0
     save_sleep_s: float = 0.0
+    param_digest: bool = False
 
     @staticmethod
     def from_env(env: Mapping[str, str]) -> "Hooks":
         return Hooks(
             step_sleep_s=float(env.get("SLURMTRON_TEST_STEP_SLEEP_S") or 0.0),
             save_sleep_s=float(env.get("SLURMTRON_TEST_SAVE_SLEEP_S") or 0.0),
+            param_digest=bool(env.get("SLURMTRON_TEST_PARAM_DIGEST")),
         )
 
 
@@ -65,6 +71,18 @@ def model_shape(job: Any) -> dict:
         "num_query_groups": m.num_query_groups, "seq_length": m.seq_length, "vocab_size": m.vocab_size,
         "num_experts": m.num_experts,
     }
+
+
+def param_digest(chunks: list) -> str:
+    """SHA-256 over this rank's parameters (names and bytes), for replica-equality tests."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for chunk in chunks:
+        for name, p in getattr(chunk, "module", chunk).named_parameters():
+            h.update(name.encode())
+            h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
 
 
 def _broadcast(obj: Any, src: int = 0) -> Any:
@@ -282,6 +300,8 @@ def _train(job, run_dir: Path, env, denv, restart: int, flag, events, cuda: bool
         flops_per_step=flops, peak_flops=peak, resolve_auto=resolve_auto,
     )
     result = train_loop.run_loop(job, chunks, optimizer, scheduler, source, state, iters, io, device)
+    if hooks.param_digest:
+        print(f"parameter digest rank {rank}: {param_digest(chunks)}", flush=True)
 
     if result.reason == "signal":
         code = policy.EXIT_REQUEUE

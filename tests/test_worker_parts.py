@@ -1,0 +1,183 @@
+"""Unit tests of the worker's pure parts: rank environment, data slicing, tokenizer, log line, launcher policy."""
+from __future__ import annotations
+
+import datetime
+import io
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch import dist_env
+from launch.local import Attempt, LocalLauncher, rank_env
+from launch.tokenizer import ByteTokenizer, get_tokenizer
+
+
+def test_expand_nodelist():
+    assert dist_env.expand_nodelist("node[01-03,7],gpu-a") == ["node01", "node02", "node03", "node7", "gpu-a"]
+    assert dist_env.expand_nodelist("c1") == ["c1"]
+    assert dist_env.expand_nodelist("a[8-10]x") == ["a8x", "a9x", "a10x"]
+
+
+def test_slurm_environment_wins_and_resolves_the_first_node():
+    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "n[3-4]",
+           "SLURM_JOB_ID": "1234"}
+    d = dist_env.from_env(env, resolver=lambda host: {"n3": "10.0.0.3"}[host])
+    assert (d.rank, d.world_size, d.local_rank, d.source) == (5, 16, 1, "slurm")
+    assert d.master_addr == "10.0.0.3" and d.nodes == ["n3", "n4"]
+    assert d.master_port == dist_env.default_port("1234") != dist_env.default_port("1235")
+    pinned = dist_env.from_env({**env, "MASTER_ADDR": "head", "MASTER_PORT": "6000"}, resolver=lambda h: h)
+    assert (pinned.master_addr, pinned.master_port) == ("head", 6000)
+
+
+def test_torchrun_environment_and_single_process():
+    d = dist_env.from_env({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1",
+                           "MASTER_PORT": "29999"})
+    assert (d.rank, d.world_size, d.master_port, d.source) == (1, 4, 29999, "torchrun")
+    assert d.init_method == "tcp://127.0.0.1:29999"
+    assert dist_env.from_env({}).world_size == 1
+    assert dist_env.backend(True) == "nccl" and dist_env.backend(False) == "gloo"
+
+
+def test_unresolvable_host_falls_back_to_its_name():
+    def fail(host):
+        raise OSError("no DNS")
+
+    assert dist_env.resolve_address("nodeX", resolver=fail) == "nodeX"
+
+
+@pytest.mark.parametrize("dp,mbs", [(1, 1), (2, 1), (4, 2)])
+def test_dp_ranks_split_each_global_batch_and_steps_never_overlap(dp, mbs):
+    from launch.data import microbatch_indices
+
+    gbs = 8
+    nmb = gbs // (mbs * dp)
+    seen = []
+    for step in range(3):
+        per_rank = [sum(microbatch_indices(step * gbs, nmb, mbs, dp, r), []) for r in range(dp)]
+        batch = sorted(sum(per_rank, []))
+        assert batch == list(range(step * gbs, (step + 1) * gbs))  # the same global batch whatever dp is
+        seen += batch
+    assert len(seen) == len(set(seen))  # no sample repeated or skipped across steps (resume included)
+
+
+def test_mock_dataset_is_deterministic_and_in_vocab():
+    from launch.data import MockGPTDataset
+
+    a, b = MockGPTDataset(16, 257, seed=3), MockGPTDataset(16, 257, seed=3)
+    assert all((a[i]["tokens"] == b[i]["tokens"]).all() for i in range(5))
+    assert not (a[0]["tokens"] == MockGPTDataset(16, 257, seed=4)[0]["tokens"]).all()
+    s = a[7]
+    assert s["tokens"].shape == (16,) and (s["labels"][:-1] == s["tokens"][1:]).all()
+    assert int(s["tokens"].max()) < 256
+
+
+def test_byte_tokenizer_roundtrip():
+    tok = get_tokenizer("byte")
+    assert tok.vocab_size == 257 and tok.eod == 256
+    ids = tok.tokenize("héllo")
+    assert all(0 <= i < 256 for i in ids) and tok.detokenize(ids + [tok.eod]) == "héllo"
+    with pytest.raises(ValueError, match="byte"):
+        get_tokenizer("gpt2")
+
+
+def test_preprocess_reads_jsonl_and_text(tmp_path):
+    from launch.preprocess import iter_documents
+
+    (tmp_path / "c.jsonl").write_text('{"text": "a b"}\n\n{"text": "c"}\n')
+    (tmp_path / "c.txt").write_text("one\n\ntwo\n")
+    assert list(iter_documents(tmp_path / "c.jsonl")) == ["a b", "c"]
+    assert list(iter_documents(tmp_path / "c.txt")) == ["one", "two"]
+    (tmp_path / "bad.jsonl").write_text('{"body": 1}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        list(iter_documents(tmp_path / "bad.jsonl"))
+
+
+def test_iteration_line_is_megatrons_and_parses():
+    from analysis.parse_megatron import parse_iteration_text
+    from launch.train_loop import format_iteration
+
+    kw = dict(now=datetime.datetime(2026, 11, 29, 10, 0, 0, 123456), iteration=5, train_iters=20, consumed=40,
+              elapsed_ms=812.34, lr=3e-4, gbs=8, loss=5.512345, loss_scale=1.0, grad_norm=1.2344,
+              skipped=0, nan=0)
+    line = format_iteration(**kw, tflops=0.123)
+    assert line == (
+        "[2026-11-29 10:00:00.123456] iteration        5/      20 | consumed samples:           40 | "
+        "elapsed time per iteration (ms): 812.3 | throughput per GPU (TFLOP/s/GPU): 0.1 | "
+        "learning rate: 3.000000E-04 | global batch size:     8 | lm loss: 5.512345E+00 | loss scale: 1.0 | "
+        "grad norm: 1.234 | number of skipped iterations:   0 | number of nan iterations:   0 |"
+    )
+    with_mfu = format_iteration(**kw, tflops=400.0, mfu=0.4123)
+    assert "throughput per GPU (TFLOP/s/GPU): 400.0 | MFU: 41.23% | learning rate" in with_mfu
+    df, skipped = parse_iteration_text(line + "\n" + with_mfu + "\n")
+    assert skipped == 0 and df["iteration"].tolist() == [5, 5]
+    assert df["mfu_pct"].tolist()[1] == pytest.approx(41.23) and df["lm_loss"].tolist() == [5.512345] * 2
+
+
+def test_attempt_code_follows_the_slurm_policy():
+    assert Attempt(0, [0, 0]).code == 0
+    assert Attempt(0, [42, 42]).code == 42
+    assert Attempt(0, [42, 1]).code == 1  # a crash beats a requeue request
+    assert Attempt(0, [0, -9]).code == 1  # killed by a signal counts as a crash
+    assert Attempt(0, [3, 3]).code == 3 and Attempt(0, [4, 4]).code == 4
+
+
+def test_rank_env_is_torchrun_style_and_drops_slurm():
+    env = rank_env({"SLURM_PROCID": "3", "PATH": "/bin"}, rank=1, world=2, port=1234, attempt=2, repo_root="/r")
+    assert "SLURM_PROCID" not in env and env["PATH"] == "/bin"
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["MASTER_PORT"]) == ("1", "2", "1", "1234")
+    assert env["SLURMTRON_RESTART_COUNT"] == "2" and env["PYTHONPATH"].split(":")[0] == "/r"
+
+
+class _FakeProc:
+    """A rank at the subprocess boundary: exits with ``code`` after ``polls`` polls (None = runs forever)."""
+
+    def __init__(self, code, polls):
+        self.code, self.polls, self.pid, self.killed, self.signals = code, polls, 99999999, False, []
+
+    def poll(self):
+        if self.killed:
+            return -9
+        if self.polls is None:
+            return None
+        self.polls -= 1
+        return self.code if self.polls < 0 else None
+
+    def wait(self):
+        return self.poll()
+
+    def kill(self):
+        self.killed = True
+
+    def send_signal(self, s):
+        self.signals.append(s)
+
+
+def test_one_rank_dying_kills_the_others(tmp_path):
+    procs = iter([_FakeProc(1, 0), _FakeProc(None, None)])
+    t = [0.0]
+
+    def sleep(dt):
+        t[0] += 1.0
+
+    launcher = LocalLauncher(run_dir=tmp_path, world=2, popen=lambda *a, **k: next(procs), echo=None,
+                             clock=lambda: t[0], sleep=sleep)
+    result = launcher.launch(0)
+    assert result.codes[0] == 1 and launcher.procs[1].killed
+    assert result.code == 1
+
+
+def test_forwarded_signal_marks_the_attempt_interrupted(tmp_path):
+    import signal
+
+    procs = iter([_FakeProc(42, 3), _FakeProc(42, 3)])
+    launcher = LocalLauncher(run_dir=tmp_path, world=2, popen=lambda *a, **k: next(procs), echo=None)
+
+    def sleep(dt):  # the user presses Ctrl-C while the ranks run
+        if not launcher.interrupted:
+            launcher.forward(signal.SIGINT)
+
+    launcher.sleep = sleep
+    result = launcher.launch(0)
+    assert [p.signals for p in launcher.procs] == [[signal.SIGINT], [signal.SIGINT]]
+    assert result.interrupted and result.code == 42  # run() does not relaunch an interrupted attempt
