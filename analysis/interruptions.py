@@ -167,6 +167,8 @@ def build_attempts(
         win["end"] = win["end"].fillna(win["ev_end"])
         win = win.drop(columns=["ev_start", "ev_end"])
     win["attempt"] = win["attempt"].astype("Int64")
+    for c in ("submit", "start", "end"):
+        win[c] = pd.to_datetime(win[c], errors="coerce").astype(_US)
 
     it = assign_attempts(iters, win)
     # --- productive vs redone steps ----------------------------------------------------
@@ -209,7 +211,9 @@ def build_attempts(
     att = win.merge(per, on=["job", "attempt"], how="outer") if not win.empty else per
     for c in ("submit", "start", "end", "state", "gpus"):
         if c not in att:
-            att[c] = pd.NA if c in ("state", "gpus") else pd.NaT
+            att[c] = pd.NA
+    for c in ("submit", "start", "end", "first_step_time", "last_step_time"):
+        att[c] = pd.to_datetime(att[c], errors="coerce").astype(_US)
     if not sg.empty and "at" in sg and sg["at"].notna().any():
         # a bare log: Slurm's cancel time is the best end time there is
         at = sg[sg["at"].notna()].groupby(["job", "attempt"])["at"].max().rename("_at").reset_index()

@@ -122,7 +122,7 @@ def _pct(v) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (0, or 2 for bad arguments)."""
+    """Entry point; returns the exit status (0, or 2 for a missing input path)."""
     ap = argparse.ArgumentParser(prog="analysis/report.py", description=__doc__.splitlines()[0])
     ap.add_argument("paths", nargs="+", help="run directories, sweep roots, log files, sacct dumps")
     ap.add_argument("--out", required=True, help="output directory")
@@ -135,7 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    runs = load_paths(args.paths)
+    try:
+        runs = load_paths(args.paths)
+    except FileNotFoundError as e:
+        print(f"report: {e}", file=sys.stderr)
+        return 2
     its, intrs, layouts, summary, md, pngs = [], [], [], {"runs": {}}, [], []
     for run in runs:
         res = analyze_run(run, _shape(run, args), window=args.window, threshold=args.threshold)

@@ -210,3 +210,25 @@ def test_unknown_gpu_leaves_mfu_empty_not_guessed(run_dir, tmp_path):
     assert main([str(run_dir), "--out", str(out), "--gpu", "h100"]) == 0
     s = json.loads((out / "summary.json").read_text())
     assert s["mfu"] is None and s["runs"]["demo"]["tflops_per_gpu"] > 0
+
+
+def test_hostile_and_missing_inputs(tmp_path):
+    junk = tmp_path / "junk.out"
+    junk.write_bytes(bytes(range(256)) * 100 + b"\n iteration 3/ 9 | elapsed time per iteration (ms): 5.0 |\n\x00")
+    empty = tmp_path / "empty.out"
+    empty.write_bytes(b"")
+    sacct = tmp_path / "sacct.txt"
+    sacct.write_text("JobID|State|Start|End\n7|TIMEOUT|bad|2026-01-01T00:00:00\n7|garbage\n")
+    out = tmp_path / "o"
+    assert main([str(junk), str(empty), str(sacct), "--out", str(out)]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["iterations"] == 1 and s["skipped_lines"]["sacct_lines"] == 1
+    assert main([str(tmp_path / "nope"), "--out", str(out)]) == 2
+
+
+def test_analysis_imports_neither_torch_nor_other_packages():
+    code = ("import sys, analysis.report, analysis.flops; "
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron', 'launch', 'recovery')]; "
+            "sys.exit(repr(bad) if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert r.returncode == 0, r.stderr
