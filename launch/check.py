@@ -85,6 +85,15 @@ def check(job: Job, *, path_exists: Callable[[str], bool] = os.path.exists) -> l
     return problems
 
 
+def layout_problems(job: Job) -> list[Problem]:
+    """The layout rules alone (sizes, mesh, model split, batch, features): what the planner
+    uses to discard candidate layouts before estimating them. Pure and fast."""
+    out = _positive_sizes(job)
+    for rule in (_mesh, _model_split, _batch, _features):
+        out.extend(rule(job))
+    return out
+
+
 def _has_size_errors(problems: Iterable[Problem]) -> bool:
     return any(p.message.startswith("must be >= 1") for p in problems)
 
