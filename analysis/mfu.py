@@ -15,7 +15,7 @@ import pandas as pd
 
 from analysis.flops import UnknownDevice, hardware_flops, num_floating_point_operations, peak_flops
 
-__all__ = ["RunShape", "shape_from_config", "step_metrics", "attempt_summary", "layout_summary",
+__all__ = ["RunShape", "layout_label", "shape_from_config", "step_metrics", "attempt_summary", "layout_summary",
            "regression_flags", "straggler_flags"]
 
 
@@ -106,6 +106,15 @@ def step_metrics(it: pd.DataFrame, shape: RunShape) -> pd.DataFrame:
         out["mfu"] = out["mfu"].fillna(out["tflops_per_gpu"] * 1e12 / peak)
     out["layout"] = shape.layout
     return out
+
+
+def layout_label(layout: dict[str, Any] | None) -> str | None:
+    """``tp2-pp4-dp8`` style label from an event log ``layout`` dict (job_start event)."""
+    if not isinstance(layout, dict):
+        return None
+    parts = [f"{k}{layout[k]}" for k in ("tp", "pp", "cp", "ep", "dp", "vpp")
+             if layout.get(k) not in (None, 1) or k in ("tp", "pp")]
+    return "-".join(parts) if parts else None
 
 
 def _steady(df: pd.DataFrame, warmup: int) -> pd.DataFrame:

@@ -23,7 +23,7 @@ import pandas as pd  # noqa: E402
 from analysis.interruptions import build_attempts, goodput, interruptions
 from analysis.load import RunInputs, load_paths
 from analysis.mfu import (
-    RunShape, attempt_summary, layout_summary, regression_flags, shape_from_config, step_metrics, straggler_flags,
+    RunShape, attempt_summary, layout_label, layout_summary, regression_flags, shape_from_config, step_metrics, straggler_flags,
 )
 from analysis.plots import plot_goodput, plot_mfu_by_layout, plot_timeline
 from analysis.signatures import CAUSES
@@ -54,6 +54,16 @@ def analyze_run(run: RunInputs, shape: RunShape, *, window: int = 20, threshold:
     att, it = build_attempts(run.iterations, run.signatures, run.checkpoints, run.events, run.sacct, gpus=gpus)
     intr = interruptions(att)
     m = step_metrics(it, shape)
+    ev = run.events
+    if ev is not None and not ev.empty and "layout" in ev:
+        # the layout each attempt really ran with (a resumed run may reshard)
+        starts = ev[ev["event"] == "job_start"]
+        for r in starts.itertuples():
+            label = layout_label(getattr(r, "layout", None))
+            if label:
+                job = str(r.job_id) if isinstance(r.job_id, str) else "local"
+                sel = (m["job"] == job) & (m["attempt"] == int(r.restart_count if pd.notna(r.restart_count) else 0))
+                m.loc[sel, "layout"] = label
     flagged = regression_flags(m, window=window, threshold=threshold)
     m["regressed"] = False
     if not flagged.empty:

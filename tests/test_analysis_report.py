@@ -178,6 +178,7 @@ def test_report_cli_writes_every_output(run_dir, tmp_path):
         assert (out / name).stat().st_size > 0, name
     its = pd.read_csv(out / "iterations.csv")
     assert len(its) == 12 + 14 + 10
+    assert set(its["layout"]) == {"tp1-pp1"}  # from each attempt's job_start event
     assert {"source", "job_id", "timestamp", "iteration", "lm_loss", "elapsed_ms", "tflops_per_gpu",
             "skipped_iters", "nan_iters"} <= set(its.columns)
     intr = pd.read_csv(out / "interruptions.csv")
