@@ -43,11 +43,13 @@ class SweepMember:
     sweep_id: str  # one id for the whole `-m` invocation
     job_num: int  # Hydra's hydra.job.num
     overrides: list[str] = field(default_factory=list)  # this member's task overrides
+    name_swept: bool = False  # the sweep gives each member its own run.name (run.name=a,b,...)
 
 
 def member_job(job: Job, member: SweepMember) -> Job:
-    """Give a sweep member its own run name (``<name>_<layout>_<num>``) unless it set run.name."""
-    if any(o.split("=", 1)[0].lstrip("+~") == "run.name" for o in member.overrides):
+    """Give a sweep member its own run name (``<name>_<layout>_<num>``) unless the sweep names
+    each member itself; a single run.name shared by all members is a prefix, not a collision."""
+    if member.name_swept:
         return job
     name = f"{job.run.name}_{job.parallelism.name}_{member.job_num}"
     return replace(job, run=replace(job.run, name=name))
@@ -191,7 +193,15 @@ def quiet_hydra_overrides(argv: list[str], sweep_id: str) -> list[str]:
     return [f"{k}={v}" for k, v in wanted.items() if k not in given]
 
 
-def sweep_member(sweep_id: str) -> Optional[SweepMember]:
+def run_name_swept(argv: list[str]) -> bool:
+    """Does the command line sweep over run.name (``run.name=a,b`` or a sweep function)?"""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = OverridesParser.create().parse_overrides([a for a in argv if "=" in a and not a.startswith("-")])
+    return any(o.key_or_group == "run.name" and o.is_sweep_override() for o in overrides)
+
+
+def sweep_member(sweep_id: str, argv: list[str]) -> Optional[SweepMember]:
     """This Hydra job's place in a multirun, or None for a single run."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -199,7 +209,8 @@ def sweep_member(sweep_id: str) -> Optional[SweepMember]:
     hc = HydraConfig.get()
     if hc.mode != RunMode.MULTIRUN:
         return None
-    return SweepMember(sweep_id=sweep_id, job_num=int(hc.job.num), overrides=list(hc.overrides.task))
+    return SweepMember(sweep_id=sweep_id, job_num=int(hc.job.num), overrides=list(hc.overrides.task),
+                       name_swept=run_name_swept(argv))
 
 
 def skip_hydra_mode_probe(argv: list[str]) -> None:
@@ -233,7 +244,7 @@ if __name__ == "__main__":
 
     @hydra.main(config_path="../hydra_conf", config_name="config", version_base="1.3")
     def _entry(cfg: DictConfig) -> None:
-        _rc[0] = main(cfg, sweep=sweep_member(_sweep_id))
+        _rc[0] = main(cfg, sweep=sweep_member(_sweep_id, sys.argv[1:]))
 
     _entry()
     sys.exit(_rc[0])

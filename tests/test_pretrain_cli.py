@@ -111,3 +111,13 @@ def test_dry_run_of_every_valid_model_cluster_pair(cluster, tmp_path):
             to_job(cfg).cluster.launcher == "slurm")
         assert not (tmp_path / model).exists()
     assert valid >= 1, f"no shipped model is valid on cluster={cluster}"
+
+
+def test_member_names():
+    job = to_job(_cfg(["cluster=lustre", "model=7b", "run.name=exp"]))
+    shared = pretrain.SweepMember("s", 3, ["run.name=exp", "parallelism.tp=4"])
+    assert pretrain.member_job(job, shared).run.name == "exp_7b_3"  # a shared name is a prefix
+    own = pretrain.SweepMember("s", 3, ["run.name=exp"], name_swept=True)
+    assert pretrain.member_job(job, own).run.name == "exp"
+    assert pretrain.run_name_swept(["-m", "run.name=a,b", "parallelism.tp=1,2"])
+    assert not pretrain.run_name_swept(["-m", "run.name=a", "parallelism.tp=1,2"])
