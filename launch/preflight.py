@@ -230,14 +230,30 @@ def submit_slurm(job: Job, run_dir: Path, pf_dir: Path, opts: Options, *, runner
     while clock() < deadline:
         if (run_dir / PREFLIGHT_FILE).exists():
             return finish(run_dir, pf_dir, [0], out)
+        if not _in_queue(job_id, runner):
+            sleep(2.0)  # the verdict is written before the ranks exit; allow for a slow shared filesystem
+            ok = (run_dir / PREFLIGHT_FILE).exists()
+            return finish(run_dir, pf_dir, [0 if ok else 1], out)
         sleep(5.0)
     print(f"preflight job {job_id}: no verdict after {opts.timeout_s + 600:g} s; check squeue/sacct", file=err)
     return EXIT_FAIL
 
 
+def _in_queue(job_id: str, runner: Callable[..., Any]) -> bool:
+    """Whether Slurm still lists the job (pending, running or completing); True if squeue cannot tell."""
+    try:
+        proc = runner(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return True
+    if proc.returncode != 0:
+        return "Invalid job id" not in (proc.stderr or "")
+    return bool((proc.stdout or "").strip())
+
+
 def main(argv: Sequence[str], *, runner: Callable[..., Any] = subprocess.run,
          popen: Callable[..., Any] = subprocess.Popen, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
-         env: Optional[Mapping[str, str]] = None) -> int:
+         env: Optional[Mapping[str, str]] = None, clock: Callable[[], float] = time.monotonic,
+         sleep: Callable[[float], None] = time.sleep) -> int:
     """Compose and check the job like pretrain.py, then run the preflight on its layout."""
     from launch.check import check
     from launch.compose import compose_job
@@ -260,9 +276,9 @@ def main(argv: Sequence[str], *, runner: Callable[..., Any] = subprocess.run,
     if job.cluster.launcher == "local":
         print(f"preflight: {job.world_size} local ranks, layout tp={job.parallelism.tp} pp={job.parallelism.pp} "
               f"dp={job.dp}, {opts.steps} step(s); logs in {pf_dir / 'logs'}", file=out)
-        codes = run_local(job, pf_dir, opts.timeout_s, popen=popen, env=env)
+        codes = run_local(job, pf_dir, opts.timeout_s, popen=popen, env=env, clock=clock, sleep=sleep)
         return finish(run_dir, pf_dir, codes, out)
-    return submit_slurm(job, run_dir, pf_dir, opts, runner=runner, out=out, err=err)
+    return submit_slurm(job, run_dir, pf_dir, opts, runner=runner, out=out, err=err, clock=clock, sleep=sleep)
 
 
 if __name__ == "__main__":

@@ -233,3 +233,34 @@ def test_wrong_tp_split_fails_parity(tmp_path):
     assert code == preflight.EXIT_FAIL, out
     assert v["loss_parity"] == pc.FAIL and v["grad_norm_parity"] == pc.FAIL, out
     assert v["grad_flow"] == pc.PASS  # gradients still flow: only the numbers are wrong
+
+
+class FakeSlurmQueue(FakeSbatch):
+    """sbatch plus squeue: the job is listed ``polls`` times, then gone; it may write a verdict first."""
+
+    def __init__(self, run_dir: Path, polls: int, verdict: "pc.Report | None"):
+        super().__init__()
+        self.run_dir, self.polls, self.verdict = run_dir, polls, verdict
+
+    def __call__(self, argv, **kwargs):
+        if argv[0] != "squeue":
+            return super().__call__(argv, **kwargs)
+        self.calls.append(list(argv))
+        self.polls -= 1
+        if self.polls > 0:
+            return subprocess.CompletedProcess(argv, 0, "RUNNING\n", "")
+        if self.verdict is not None:
+            pc.write_report(self.run_dir, self.verdict)
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+
+@pytest.mark.parametrize("verdict, code", [(_report(pc.PASS, pc.WARN), 0), (_report(pc.FAIL), 1), (None, 1)])
+def test_slurm_preflight_wait_returns_the_jobs_verdict(tmp_path, verdict, code):
+    run_dir = tmp_path / "w"
+    fake, out = FakeSlurmQueue(run_dir, polls=3, verdict=verdict), io.StringIO()
+    assert preflight.main(["cluster=slurm_local", "run.name=w", "run.time_limit_min=10", "preflight.wait=true",
+                           f"cluster.run_root={tmp_path}"], runner=fake, out=out, err=io.StringIO(),
+                           sleep=lambda s: None) == code
+    assert sum(c[0] == "squeue" for c in fake.calls) == 3
+    report = pc.read_report(run_dir)
+    assert report is not None and (verdict is not None or pc.failing(report.checks) == ["preflight_job"])
