@@ -134,7 +134,7 @@ def by_restart(events: list[dict]) -> dict[int, list[dict]]:
     return out
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_faults_resume_bitwise_equal(layout, reference, tmp_path):
     ref = reference(layout)
@@ -194,7 +194,7 @@ def test_faults_resume_bitwise_equal(layout, reference, tmp_path):
     assert diff == [], diff
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("target", ["pp2", "dp2_distopt"])
 def test_reshard_tp2_checkpoint(target, reference, tmp_path):
     ref = reference("tp2")
