@@ -35,6 +35,7 @@ __all__ = [
     "ITERATION_COLUMNS",
     "CHECKPOINT_COLUMNS",
     "iter_text_chunks",
+    "line_ranges",
     "read_text",
     "source_ids",
     "parse_iteration_text",
@@ -105,19 +106,23 @@ _CHECKPOINT_RE = re.compile(
 CHECKPOINT_COLUMNS = ["source", "job_id", "rank", "offset", "kind", "iteration", "path"]
 
 
-def iter_text_chunks(path: str | os.PathLike, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[tuple[int, str]]:
+def iter_text_chunks(path: str | os.PathLike, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                     start: int = 0, end: int | None = None) -> Iterator[tuple[int, str]]:
     """Yield ``(byte offset, text)`` chunks of a file, each ending at a newline.
 
     Bounded memory for multi-GB logs: a chunk is cut after its last ``\\n`` and the rest is
     carried over. A "line" longer than a chunk (binary junk) is cut where it is. Decoding
     uses ``errors="replace"``: a newline byte never sits inside a UTF-8 sequence, so cutting
-    at newlines never splits a character.
+    at newlines never splits a character. ``start``/``end`` limit it to a byte range (which
+    should begin and end at line starts: see :func:`line_ranges`).
     """
-    offset = 0
+    offset = start
     carry = b""
     with open(path, "rb") as f:
+        f.seek(start)
         while True:
-            block = f.read(chunk_bytes)
+            want = chunk_bytes if end is None else min(chunk_bytes, end - f.tell())
+            block = f.read(want) if want > 0 else b""
             if not block:
                 break
             data = carry + block
@@ -131,6 +136,19 @@ def iter_text_chunks(path: str | os.PathLike, chunk_bytes: int = DEFAULT_CHUNK_B
             carry = data[cut + 1 :]
     if carry:
         yield offset, carry.decode("utf-8", errors="replace")
+
+
+def line_ranges(path: str | os.PathLike, parts: int) -> list[tuple[int, int]]:
+    """Split a file into ``parts`` byte ranges that each start at a line start."""
+    size = os.path.getsize(path)
+    cuts = [0]
+    with open(path, "rb") as f:
+        for i in range(1, parts):
+            f.seek(max(size * i // parts, cuts[-1]))
+            f.readline()
+            cuts.append(min(f.tell(), size))
+    cuts.append(size)
+    return [(a, b) for a, b in zip(cuts, cuts[1:]) if b > a]
 
 
 def read_text(path: str | os.PathLike) -> str:
@@ -235,22 +253,40 @@ def parse_iteration_lines(lines: pd.Series | list[str], **ids) -> tuple[pd.DataF
     return parse_iteration_text(text, **ids)
 
 
-def parse_iterations_file(path: str | os.PathLike, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                          job_id: str | None = None, rank: int | None = None,
-                          offsets: bool = False) -> tuple[pd.DataFrame, int]:
-    """All iteration rows of one log file, read in newline-cut chunks (bounded memory).
-
-    ``job_id``/``rank`` default to what the file name says (:func:`source_ids`).
-    """
-    fj, fr = source_ids(path)
-    job_id = job_id if job_id is not None else fj
-    rank = rank if rank is not None else fr
+def _parse_range(path: str, start: int, end: int | None, chunk_bytes: int, job_id, rank,
+                 offsets: bool) -> tuple[list[pd.DataFrame], int]:
     frames, skipped = [], 0
-    for off, text in iter_text_chunks(path, chunk_bytes):
+    for off, text in iter_text_chunks(path, chunk_bytes, start, end):
         df, sk = parse_iteration_text(text, source=str(path), job_id=job_id, rank=rank,
                                       offsets=offsets, base_offset=off)
         frames.append(df)
         skipped += sk
+    return frames, skipped
+
+
+def parse_iterations_file(path: str | os.PathLike, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                          job_id: str | None = None, rank: int | None = None,
+                          offsets: bool = False, workers: int = 1) -> tuple[pd.DataFrame, int]:
+    """All iteration rows of one log file, read in newline-cut chunks (bounded memory).
+
+    ``job_id``/``rank`` default to what the file name says (:func:`source_ids`).
+    ``workers > 1`` parses line-aligned byte ranges in that many processes (the regex work
+    is CPU-bound and holds the GIL); memory grows by about one chunk per worker.
+    """
+    fj, fr = source_ids(path)
+    job_id = job_id if job_id is not None else fj
+    rank = rank if rank is not None else fr
+    if workers > 1 and os.path.getsize(path) > chunk_bytes:
+        from concurrent.futures import ProcessPoolExecutor
+
+        ranges = line_ranges(path, workers)
+        with ProcessPoolExecutor(max_workers=workers) as ex:
+            futs = [ex.submit(_parse_range, str(path), a, b, chunk_bytes, job_id, rank, offsets) for a, b in ranges]
+            results = [f.result() for f in futs]
+        frames = [df for fr_, _ in results for df in fr_]
+        skipped = sum(sk for _, sk in results)
+    else:
+        frames, skipped = _parse_range(str(path), 0, None, chunk_bytes, job_id, rank, offsets)
     if not frames:
         return parse_iteration_text("", source=str(path), job_id=job_id, rank=rank)
     out = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]

@@ -10,6 +10,7 @@ measures, each in a fresh subprocess (so peak RSS is the measurement's own):
 * ``read``: reading the file in the parser's chunk size (bytes only): the floor;
 * ``lines``: ``for line in open(path, errors="replace")``: what any line-based parser pays;
 * ``iterations``: :func:`analysis.parse_megatron.parse_iterations_file`;
+* ``iterations-wN``: the same with ``workers=N`` processes (line-aligned byte ranges);
 * ``full``: :func:`analysis.load.parse_log_file` (iterations with file offsets, error
   signatures and checkpoint lines: what ``report.py`` does per log file).
 
@@ -103,6 +104,11 @@ def measure(kind: str, path: str, chunk_bytes: int) -> dict:
 
         df, skipped = parse_iterations_file(path, chunk_bytes=chunk_bytes)
         out.update(rows=len(df), skipped=skipped, last_iteration=int(df["iteration"].iloc[-1]))
+    elif kind.startswith("iterations-w"):
+        from analysis.parse_megatron import parse_iterations_file
+
+        df, skipped = parse_iterations_file(path, chunk_bytes=chunk_bytes, workers=int(kind[len("iterations-w"):]))
+        out.update(rows=len(df), skipped=skipped, last_iteration=int(df["iteration"].iloc[-1]))
     elif kind == "full":
         from analysis.load import parse_log_file
 
@@ -113,6 +119,9 @@ def measure(kind: str, path: str, chunk_bytes: int) -> dict:
     out["seconds"] = time.perf_counter() - t0
     out["cpu_seconds"] = time.process_time() - c0
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    out["cpu_seconds"] += children.ru_utime + children.ru_stime
+    out["peak_rss_mb_worker"] = children.ru_maxrss / 1024
     return out
 
 
@@ -122,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--file", default=None, help="where to write it (default: a temporary file)")
     ap.add_argument("--keep", action="store_true", help="keep the generated file")
     ap.add_argument("--chunk-mb", type=int, default=32, help="parser chunk size")
-    ap.add_argument("--only", default="read,lines,iterations,full", help="measurements to run")
+    ap.add_argument("--only", default="read,lines,iterations,iterations-w2,full", help="measurements to run")
     ap.add_argument("--measure", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     chunk = args.chunk_mb << 20

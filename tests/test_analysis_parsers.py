@@ -218,6 +218,8 @@ def test_chunk_boundaries_do_not_lose_or_split_lines(tmp_path):
         assert skipped == 0
     text = "".join(t for _, t in iter_text_chunks(p, 97))
     assert text == p.read_text()
+    df, skipped = parse_iterations_file(p, chunk_bytes=4096, workers=3)  # line-aligned byte ranges
+    assert df["iteration"].tolist() == list(range(1, 301)) and skipped == 0
 
 
 def test_huge_numbers_do_not_crash():
