@@ -16,9 +16,10 @@ Source of the model-FLOP formula
               + q * s / 2 * 2            # QK^T and (QK^T)V; "/2": causal mask, half is zero
               + q * h )                  # output projection
 
-  The ``s / 2`` causal halving is what Megatron adopted in core 0.12 (before, the core
-  attention term was ``q * s * 2``, i.e. the full square). ``causal=False`` reproduces the
-  older numbers, for reading logs written by older Megatron versions.
+  The ``s / 2`` causal halving arrived with the Megatron core 0.12 line (it is in commit
+  250b7941 of July 2025, which AI-Hypercomputer/maxtext#1972 cites; core 0.7's
+  ``training.py`` still counted ``q * s * 2``, the full square). ``causal=False``
+  reproduces the older numbers, for reading TFLOP/s printed by older Megatron versions.
 * MLP, per layer and token: ``3 * 2 * h * ffn * (3 if swiglu else 2)`` (SwiGLU has the
   gate, up and down matrices; GeLU two). MoE layers use ``moe_ffn_hidden_size * topk``
   plus the shared expert ``moe_shared_expert_intermediate_size``; ``moe_layer_freq`` picks
