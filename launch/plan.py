@@ -1,8 +1,9 @@
 """``python launch/plan.py <the same overrides as pretrain.py>``: does it fit, how fast, what it costs.
 
 Prints the planner's estimate for the composed layout as a table, or one JSON object with
-``plan.format=json``. With ``parallelism=auto`` it ranks every valid layout first and reports
-the winner. Runs on a login node: no torch, no megatron, well under a second.
+``plan.format=json``, followed by whatever the job check (``launch.check.check``, which includes
+the planner's memory, budget and lead-time guards) has against the job. With
+``parallelism=auto`` it ranks every valid layout first and reports the winner. Runs on a login node: no torch, no megatron, well under a second.
 
 ``main(cfg)`` is thin so tests call it with a composed config; ``@hydra.main`` wraps it only
 when run as a script.
@@ -21,7 +22,7 @@ from omegaconf import DictConfig  # noqa: E402
 
 from launch.compose import to_job  # noqa: E402
 from launch.config import Job  # noqa: E402
-from launch.planner import budget_problems, estimate, lead_time_problems, memory_problems  # noqa: E402
+from launch.planner import estimate  # noqa: E402
 from launch.planner.estimate import Estimate  # noqa: E402
 from launch.planner.layouts import NoLayoutFits, choose_layout  # noqa: E402
 
@@ -60,7 +61,14 @@ def format_estimate(job: Job, est: Estimate) -> str:
 
 
 def plan(job: Job) -> tuple[str, int]:
-    """(text to print, exit status) for ``job``; pure apart from computing."""
+    """(text to print, exit status) for ``job``.
+
+    Status 0: the job fits and the job check has nothing against it; 1: an estimate was made
+    but the check refuses the job (memory, budget, lead time, mesh ...) or no layout fits; 2:
+    the job is too broken to estimate (the problems are printed instead).
+    """
+    from launch.check import check  # lazily: the check imports the planner too
+
     as_json = job.plan.format == "json"
     table = ""
     if job.parallelism.name == "auto":
@@ -70,24 +78,33 @@ def plan(job: Job) -> tuple[str, int]:
             if as_json:
                 return json.dumps({"fits": False, "error": "no valid layout fits", "table": str(exc)}), 1
             return str(exc), 1
-    est = estimate(job)
-    problems = memory_problems(job) + budget_problems(job, est) + lead_time_problems(job, est)
+    problems = check(job)
+    try:
+        est = estimate(job)
+    except (ArithmeticError, ValueError, KeyError) as exc:
+        if not problems:
+            raise
+        lines = [str(p) for p in problems]
+        if as_json:
+            return json.dumps({"fits": False, "error": f"cannot estimate: {exc}", "problems": lines}), 2
+        return "\n".join([f"cannot estimate ({exc}); the job check says:"] + lines), 2
+    status = 0 if (est.fits and not problems) else 1
     if as_json:
         out = est.to_dict()
         out["problems"] = [str(p) for p in problems]
         if table:
             out["ranked_table"] = table
-        return json.dumps(out, sort_keys=True, default=float), 0
+        return json.dumps(out, sort_keys=True, default=float), status
     text = ([table, "", f"chosen: parallelism.name={job.parallelism.name}", ""] if table else [])
     text.append(format_estimate(job, est))
     if problems:
         text.append("")
         text.extend(f"problem: {p}" for p in problems)
-    return "\n".join(text), 0
+    return "\n".join(text), status
 
 
 def main(cfg: Union[DictConfig, Job], out: Callable[[str], None] = print) -> int:
-    """Entry point: compose -> plan -> print. Returns the exit status (1 if nothing fits)."""
+    """Entry point: compose -> plan -> print. Returns the exit status (see :func:`plan`)."""
     job = cfg if isinstance(cfg, Job) else to_job(cfg)
     text, status = plan(job)
     out(text)

@@ -52,7 +52,14 @@ def test_auto_prints_the_ranked_layouts_then_the_chosen_estimate():
 
 def test_a_layout_that_does_not_fit_is_reported_as_a_problem():
     status, text = _run("model=405b", "cluster=lustre", "cluster.nodes=2048")
+    assert status == 1
     assert "DOES NOT FIT" in text and "problem: parallelism" in text
+
+
+def test_a_broken_job_prints_the_check_instead_of_crashing():
+    status, text = _run("model=70b", "cluster=lustre", "training.micro_batch_size=0", "plan.format=json")
+    assert status == 2
+    assert any("training.micro_batch_size" in p for p in json.loads(text)["problems"])
 
 
 def test_nothing_fits_exits_1():
