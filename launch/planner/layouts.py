@@ -226,7 +226,9 @@ def format_table(job: Job, rows: list[Row], invalid: Counter, top: int) -> str:
     shown_ids = {id(r) for r in shown}
     for r in rows:
         if id(r) not in shown_ids:
-            losers["lower MFU" if r.fits else f"does not fit in {limit:g} GiB"] += 1
+            lost = ("lower MFU" if best is not None and best.mfu is not None else "ranked lower") if r.fits \
+                else f"does not fit in {limit:g} GiB"
+            losers[lost] += 1
     for reason, n in sorted(losers.items(), key=lambda kv: -kv[1]):
         lines.append(f"      {n} more: {reason}")
     for reason, n in invalid.most_common(6):

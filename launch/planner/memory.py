@@ -190,7 +190,7 @@ def stage_memory(job: Job, shape: Shape | None = None, attention: str = "fused",
             activations_per_microbatch=(layers * stored_per_layer) / GIB,
             inflight_microbatches=inflight_mb,
             embedding_logits=emb_logits / GIB,
-            workspace=WORKSPACE_GIB,
+            workspace=0.0 if job.cluster.gpu == "cpu" else WORKSPACE_GIB,  # no CUDA context on CPU
         ))
     return out
 
