@@ -1,0 +1,143 @@
+"""Long runs and bad nodes on the real local Slurm cluster (``tests/slurm_cluster.py``).
+
+* A run whose time limit (1 minute) is far shorter than the run reaches its target step over
+  several wall-time slices: the warning signal (``--signal=USR2@lead``) makes every rank save,
+  rank 0 requeues the job, and the next slice resumes where the last one stopped: no step is
+  trained twice or skipped.
+* A node that fails (NODE_FAIL: the admin marks it down under the running job) is learned by
+  the next attempt from ``sacct -D`` and the accounting event table, recorded in
+  ``failed_nodes.json``, and kept out of the attempt that finishes the run.
+
+The worker's test hook ``SLURMTRON_TEST_STEP_SLEEP_S`` makes each step last one second, so the
+signal lands mid-run; sbatch exports it from the submitting environment.
+"""
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from launch.compose import compose_job, job_to_yaml  # noqa: E402
+from launch.render import render  # noqa: E402
+from recovery import policy  # noqa: E402
+from recovery.events import read_events  # noqa: E402
+from slurm_cluster import Cluster  # noqa: E402
+
+START_CHECK = 'python3 -m recovery.exclusion start "$RUN_DIR" || exit $?\n'
+
+
+def _iterations(events: list[dict]) -> list[int]:
+    return [e["step"] for e in events if e["event"] == "iteration"]
+
+
+def _submit_rendered(cluster: Cluster, run_dir: Path, overrides: list[str], env: dict, *, start_check: bool) -> str:
+    """What pretrain.py does (compose, config.yaml, render, sbatch), with the attempt-start check added."""
+    job = compose_job(overrides)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    (run_dir / "config.yaml").write_text(job_to_yaml(job))
+    script = render(job, run_dir)
+    # Every test cluster numbers its jobs from 1 and the script derives MASTER_PORT from the job
+    # id, so two clusters on one machine (parallel CI jobs) collide; pin a free port instead.
+    derived = "export MASTER_PORT=$((20000 + ${SLURM_JOB_ID:-0} % 40000))"
+    assert script.count(derived) == 1, script
+    script = script.replace(derived, f"export MASTER_PORT={free_port()}")
+    if start_check:
+        assert script.count("\nset +e\nsrun ") == 1, script
+        script = script.replace("\nset +e\nsrun ", "\n" + START_CHECK + "set +e\nsrun ")
+    path = run_dir / "sbatch.sh"
+    path.write_text(script)
+    proc = subprocess.run(["sbatch", "--parsable", str(path)], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip().split(";")[0]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _logs(run_dir: Path) -> str:
+    return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2500:]}"
+                     for p in sorted((run_dir / "logs").glob("*.out")))
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(540)
+def test_run_longer_than_its_time_limit_finishes_over_slices_without_lost_progress(
+        slurm_cluster: Cluster, tmp_path: Path) -> None:
+    iters = 20  # at 2 s a step, more than one 1-minute slice holds (start-up + signal lead take the rest)
+    env = {**slurm_cluster.env, "SLURMTRON_TEST_STEP_SLEEP_S": "2"}
+    run_dir = tmp_path / "slices"
+    overrides = ["cluster=slurm_local", f"cluster.run_root={tmp_path}", "run.name=slices", "cluster.nodes=1",
+                 "run.time_limit_min=1", "training.signal_lead_time_s=15", f"training.train_iters={iters}",
+                 "training.checkpoint_interval=1000", "training.zero_progress_restarts=6"]
+    # checkpoint_interval=1000: only the signal saves carry progress from one slice to the next.
+    # zero_progress_restarts=6: on a loaded machine a slice can spend its minute starting up;
+    # this test is about slicing, not about the guard (tests/test_recovery_policy.py has that).
+    job_id = _submit_rendered(slurm_cluster, run_dir, overrides, env, start_check=False)
+
+    final = slurm_cluster.wait_end(job_id, timeout=450)
+    diag = slurm_cluster.sacct_dump(job_id) + _logs(run_dir)
+    assert final == "COMPLETED", diag
+    events = read_events(run_dir / "events.jsonl")
+    steps = _iterations(events)
+    # every step trained exactly once over all slices: nothing lost, nothing repeated
+    assert sorted(steps) == list(range(1, iters + 1)) and len(steps) == iters, diag
+    slices = sorted({e["restart_count"] for e in events if e["event"] == "job_start"})
+    assert len(slices) >= 2, diag  # it did not fit one slice
+    signal_saves = [e["step"] for e in events if e["event"] == "checkpoint_saved" and e.get("reason") == "signal"]
+    resumes = [e["step"] for e in events if e["event"] == "resume"]
+    assert resumes and resumes == signal_saves[:len(resumes)], diag  # each slice starts where the last saved
+    assert [e["step"] for e in events if e["event"] == "train_end"] == [iters]
+    rows = slurm_cluster.sacct(job_id)
+    assert sum(r["State"].startswith("REQUEUED") for r in rows) == len(slices) - 1, diag
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(420)
+def test_failed_node_is_excluded_on_the_retry(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    spec = slurm_cluster.spec
+    pool = spec.node_names[:2]  # the job may use only these two, so the retry could land on the failed one
+    run_dir = tmp_path / "badnode"
+    overrides = ["cluster=slurm_local", f"cluster.run_root={tmp_path}", "run.name=badnode", "cluster.nodes=1",
+                 "run.time_limit_min=5", "training.train_iters=12", "training.checkpoint_interval=2",
+                 f"cluster.exclude='{','.join(spec.node_names[2:])}'"]
+    env = {**slurm_cluster.env, "SLURMTRON_TEST_STEP_SLEEP_S": "1"}
+    job_id = _submit_rendered(slurm_cluster, run_dir, overrides, env, start_check=True)
+
+    deadline = time.monotonic() + 150
+    while not any(s >= 3 for s in _iterations(read_events(run_dir / "events.jsonl"))):
+        assert time.monotonic() < deadline, slurm_cluster.sacct_dump(job_id) + _logs(run_dir)
+        time.sleep(1)
+    bad = slurm_cluster.job(job_id)["NodeList"]
+    assert bad in pool
+    slurm_cluster.run("scontrol", "update", f"nodename={bad}", "state=down", "reason=slurmtron test: ECC errors")
+
+    final = slurm_cluster.wait_end(job_id, timeout=300)
+    diag = slurm_cluster.sacct_dump(job_id) + _logs(run_dir)
+    assert final == "COMPLETED", diag
+    recorded = policy.failed_nodes(run_dir)
+    assert [r["host"] for r in recorded] == [bad], diag
+    assert "ECC errors" in recorded[0]["reason"] and recorded[0]["job_id"] == job_id
+    rows = slurm_cluster.sacct(job_id)
+    assert rows[0]["State"] == "NODE_FAIL" and rows[0]["NodeList"] == bad, diag
+    assert rows[-1]["State"] == "COMPLETED" and rows[-1]["NodeList"] != bad, diag  # the run ended elsewhere
+    events = read_events(run_dir / "events.jsonl")
+    landed_again = [r for r in rows[1:-1] if r["NodeList"] == bad]
+    excludes = [e for e in events if e["event"] == "exclude"]
+    # an attempt that landed on the failed node again requeued itself away from it
+    assert len(excludes) == len(landed_again), diag
+    if landed_again:
+        assert bad in slurm_cluster.hostnames(slurm_cluster.job(job_id)["ExcNodeList"]), diag
+    assert max(_iterations(events)) == 12
+    assert [e["step"] for e in events if e["event"] == "train_end"] == [12]
