@@ -142,8 +142,8 @@ with_newlines = st.lists(st.one_of(nasty_text, st.just("\n")), min_size=1, max_s
 STUBS = {
     "scontrol": '#!/bin/sh\ncase "$2" in hostnames) echo n1;; node) echo "NodeName=n1 NodeAddr=127.0.0.1 x=y";; '
                 'esac\n',
-    "lfs": '#!/bin/sh\necho "lfs $*" >> "$STUB_LOG"\n',
-    "module": '#!/bin/sh\necho "module $*" >> "$STUB_LOG"\n',
+    "lfs": '#!/bin/sh\nprintf "%s\\n" "lfs $*" >> "$STUB_LOG"\n',
+    "module": '#!/bin/sh\nprintf "%s\\n" "module $*" >> "$STUB_LOG"\n',
     "srun": '#!/usr/bin/env python3\nimport json, os, sys\n'
             'json.dump({"argv": sys.argv[1:], "env": dict(os.environ)}, open(os.environ["SRUN_RECORD"], "w"))\n',
 }
