@@ -264,3 +264,30 @@ def test_slurm_preflight_wait_returns_the_jobs_verdict(tmp_path, verdict, code):
     assert sum(c[0] == "squeue" for c in fake.calls) == 3
     report = pc.read_report(run_dir)
     assert report is not None and (verdict is not None or pc.failing(report.checks) == ["preflight_job"])
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(300)
+def test_preflight_runs_as_a_real_slurm_job_and_passes(slurm_cluster, tmp_path):
+    """The Slurm path for real: rendered, sbatch'ed, two ranks under srun, the verdict waited for."""
+    import re
+    import socket
+
+    def runner(argv, **kwargs):
+        if argv[0] == "sbatch":  # each test cluster numbers jobs from 1: pin a free rendezvous port
+            script = Path(argv[-1])
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            script.write_text(re.sub(r"export MASTER_PORT=.*", f"export MASTER_PORT={port}", script.read_text()))
+        return subprocess.run(argv, env=slurm_cluster.env, **kwargs)
+
+    out = io.StringIO()
+    code = preflight.main(["cluster=slurm_local", "cluster.nodes=1", "run.name=spf", "run.time_limit_min=5",
+                           f"cluster.run_root={tmp_path}", "preflight.wait=true", "preflight.timeout_s=180",
+                           "preflight.steps=2"], runner=runner, out=out, err=io.StringIO())
+    logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted((tmp_path / "spf").glob("preflight/logs/*")))
+    assert code == 0, out.getvalue() + logs
+    report = pc.read_report(tmp_path / "spf")
+    assert report.verdict == pc.WARN and pc.failing(report.checks) == []
+    assert report.world_size == 2 and report.layout["tp"] == 2
