@@ -140,6 +140,15 @@ def test_after_stop_save_outside_slurm_or_when_not_allowed_runs_nothing():
     assert run.calls == []
 
 
+def test_requeue_runner_survives_the_sigterm_slurm_sends_with_the_requeue():
+    from recovery.policy import requeue_runner
+
+    argv = ["sh", "-c", "kill -TERM $$; echo alive"]
+    assert subprocess.run(argv, capture_output=True, text=True, timeout=30).returncode == -signal.SIGTERM
+    proc = requeue_runner(argv, capture_output=True, text=True, timeout=30)
+    assert (proc.returncode, proc.stdout.strip()) == (0, "alive")
+
+
 def test_failed_nodes_roundtrip(tmp_path):
     assert failed_nodes(tmp_path) == []
     record_failed_node(tmp_path, "node-3", "rank 5 crashed: ECC", clock=lambda: 5.0, job_id="11")
