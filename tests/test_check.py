@@ -51,6 +51,7 @@ CASES = [
     ("hidden_heads", LOCAL_TINY + ["model.hidden_size=66"], None, "model.hidden_size", "66 % num_attention_heads 4"),
     ("layers_pp", LUSTRE_7B + ["parallelism.pp=3"], None, "model.num_layers", "32 % (pp 3 * vpp 1 = 3)"),
     ("layers_405b_no_embedding", ["cluster=lustre", "model=405b", "run.dir=/x",
+                                  "parallelism.pp=8", "parallelism.vpp=2", "parallelism.cp=1",
                                   "parallelism.account_for_embedding_in_pipeline_split=false"], None,
      "model.num_layers", "= 127 % (pp 8 * vpp 2 = 16)"),
     ("vpp_without_pp", LUSTRE_7B + ["parallelism.vpp=2"], None, "parallelism.vpp", "vpp 2 with pp 1"),
