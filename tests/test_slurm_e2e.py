@@ -1,0 +1,404 @@
+"""End to end on the local Slurm cluster: the real entry point, real Megatron-Core training.
+
+Each scenario submits with ``python launch/pretrain.py cluster=slurm_local ...`` (a subprocess,
+as a user would), the rendered script runs ``python -m launch.worker`` on 2 nodes x 2 tasks
+(TP2 x DP2 or PP2 x DP2, gloo on the CPU), and the scenario then does to the job what a real
+cluster does: a time limit, a node set DOWN, a node that dies, a preempting job, a crash
+loop. Every test asserts what Slurm reports (``sacct -D`` states, ``Restarts``, the job id)
+*and* the training outcome (the last step reached, losses equal to an uninterrupted run).
+
+The scenarios are independent (distinct run directories; each job fills its 2 nodes' CPUs,
+so two jobs never share a node), so they run two at a time in threads (the machine has 2
+cores: 2 concurrent 4-rank trainings is the most it holds). Tests wait on their scenario's
+result; the actions live in the scenarios, the assertions in the tests.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, Optional
+
+import pytest
+
+from slurm_cluster import Cluster, wait_until
+
+REPO = Path(__file__).resolve().parent.parent
+PY = sys.executable
+ITERS = 20  # the tiny recipe: 20 steps, checkpoint every 10
+SLEEP = "+cluster.env.SLURMTRON_TEST_STEP_SLEEP_S"  # worker test hook: seconds slept per step
+TRAIN_TIMEOUT = 300  # one scenario, start to finish, on a loaded 2-core machine
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def pretrain(cluster: Cluster, cwd: Path, *overrides: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """The real front door, as a user runs it (a subprocess; sbatch sees this cluster's SLURM_CONF)."""
+    flags = [o for o in overrides if o.startswith("-")]  # Hydra wants -m before the overrides
+    cmd = [PY, str(REPO / "launch" / "pretrain.py"), *flags, "cluster=slurm_local", f"cluster.python={PY}",
+           *(o for o in overrides if not o.startswith("-"))]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=cluster.env, cwd=cwd)
+
+
+@dataclass
+class Run:
+    """One submitted run: its directory and Slurm job id, plus what the scenario observed."""
+
+    dir: Path
+    job_id: str
+    seen: Dict[str, object] = field(default_factory=dict)  # scenario notes (node killed, preemptor id, ...)
+    final: str = ""  # sacct's final state of the job
+    sacct: List[Dict[str, str]] = field(default_factory=list)  # sacct -D -X rows, oldest first
+    restarts: int = -1  # scontrol's Restarts
+
+    def events(self) -> List[dict]:
+        path = self.dir / "events.jsonl"
+        if not path.exists():
+            return []
+        out = []
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # a line being written
+        return out
+
+    def of(self, kind: str) -> List[dict]:
+        return [e for e in self.events() if e.get("event") == kind]
+
+    def losses(self) -> Dict[int, str]:
+        """Loss per step, the *last* time the step ran (a resumed run recomputes some steps)."""
+        return {e["step"]: e["loss"] for e in self.of("iteration")}
+
+    def step_reached(self) -> int:
+        return max((e["step"] for e in self.of("iteration")), default=0)
+
+    def logs(self, tail: int = 40) -> str:
+        """The batch log and the tails of the rank logs: the message of a failed assertion."""
+        parts = []
+        for f in sorted((self.dir / "logs").glob("*.out")):
+            lines = [x for x in f.read_text(errors="replace").splitlines()
+                     if "warn" not in x.lower() and not x.startswith("  ")]  # no warning noise
+            parts.append(f"--- {f.name}\n" + "\n".join(lines[-tail:]))
+        ev = [json.dumps(e)[:300] for e in self.events() if e.get("event") != "iteration"]
+        return "\n".join(parts + ["--- events (no iterations)"] + ev)
+
+
+def submit(cluster: Cluster, run_dir: Path, *overrides: str) -> Run:
+    """Submit one run through pretrain.py; the job id comes from the run's submissions.jsonl."""
+    res = pretrain(cluster, run_dir.parent, f"run.dir={run_dir}", f"run.name={run_dir.name}", *overrides)
+    assert res.returncode == 0, f"pretrain.py exited {res.returncode}\n{res.stdout}\n{res.stderr}"
+    subs = [json.loads(x) for x in (run_dir / "submissions.jsonl").read_text().splitlines()]
+    return Run(run_dir, subs[-1]["job_id"])
+
+
+def wait_step(run: Run, step: int, timeout: float = TRAIN_TIMEOUT) -> None:
+    """Until the run has logged ``step`` (training is really under way, a checkpoint may exist)."""
+    wait_until(lambda: run.step_reached() >= step, timeout, f"job {run.job_id} to reach step {step}", interval=1)
+
+
+def finish(cluster: Cluster, run: Run, timeout: float = TRAIN_TIMEOUT) -> Run:
+    """Wait for the job's end and collect what Slurm says about it."""
+    run.final = cluster.wait_end(run.job_id, timeout)
+    run.restarts = int(cluster.job(run.job_id).get("Restarts", "-1"))
+    run.sacct = cluster.sacct(run.job_id)
+    return run
+
+
+def states(run: Run) -> List[str]:
+    """The allocation's state per attempt, oldest first (``sacct -D``)."""
+    return [r["State"].split()[0] for r in run.sacct]
+
+
+def other_node(cluster: Cluster, run: Run) -> str:
+    """The job's second node (rank 0, which writes events, stays on the first)."""
+    nodes = cluster.hostnames(cluster.job(run.job_id)["NodeList"])
+    assert len(nodes) == 2, nodes
+    return nodes[1]
+
+
+# ----------------------------------------------------------------------------- scenarios
+
+
+def completes(cluster: Cluster, d: Path) -> Run:
+    """Uninterrupted TP2 x DP2: the reference losses for the time-limit test."""
+    return finish(cluster, submit(cluster, d / "ref", "parallelism=tp2", "run.time_limit_min=10"))
+
+
+def time_limit(cluster: Cluster, d: Path) -> Run:
+    """--time=3 with a 30 s lead: USR2 arrives 30-60 s before the limit (120-150 s in), mid-run.
+
+    Checkpoints every 5 steps, so the warning lands after a periodic save, as in production
+    (the save machinery's helper processes are alive and get the signal too).
+
+    The first attempt sleeps 8 s per step (20 steps never fit before the warning); the rerun
+    does not sleep (a cluster.setup line reads SLURM_RESTART_COUNT), so even with a slow
+    start-up it finishes long before its own warning and the run needs exactly one requeue.
+    """
+    slow_first = "cluster.setup=['[ -n \"$SLURM_RESTART_COUNT\" ] || export SLURMTRON_TEST_STEP_SLEEP_S=8']"
+    run = submit(cluster, d / "timelimit", "parallelism=tp2", "run.time_limit_min=3",
+                 "training.signal_lead_time_s=30", "training.checkpoint_interval=5", slow_first)
+    return finish(cluster, run)
+
+
+def node_down(cluster: Cluster, d: Path) -> Run:
+    """PP2 x DP2; after the step-10 checkpoint an admin sets one of its nodes DOWN."""
+    run = submit(cluster, d / "nodedown", "parallelism=pp2", "run.time_limit_min=10", f"{SLEEP}=1")
+    wait_step(run, 12)
+    node = other_node(cluster, run)
+    run.seen["node"] = node
+    run.seen["ckpt_steps_before"] = [e["step"] for e in run.of("checkpoint_saved")]
+    cluster.run("scontrol", "update", f"nodename={node}", "state=down", "reason=slurmtron-test")
+    try:
+        wait_until(lambda: len(cluster.sacct(run.job_id)) >= 2, 120, f"job {run.job_id} to be requeued", interval=1)
+    finally:  # ReturnToService=2 usually has it back already (its slurmd answers); if not, resume it
+        cluster.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+    wait_until(lambda: cluster.node_state(node) in ("idle", "mix", "alloc"), 120, f"{node} back in service")
+    return finish(cluster, run)
+
+
+def node_crash(cluster: Cluster, d: Path) -> Run:
+    """TP2 x DP2; after the step-10 checkpoint one node dies (its slurmd and its ranks SIGKILLed)."""
+    run = submit(cluster, d / "nodecrash", "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=1")
+    wait_step(run, 12)
+    node = other_node(cluster, run)
+    run.seen["node"] = node
+    run.seen["ckpt_steps_before"] = [e["step"] for e in run.of("checkpoint_saved")]
+    run.seen["killed"] = cluster.crash_node(node)
+    try:
+        wait_until(lambda: cluster.node_state(node).startswith("down"), 120, f"{node} to be marked down", interval=1)
+        wait_until(lambda: len(cluster.sacct(run.job_id)) >= 2, 120, f"job {run.job_id} to be requeued", interval=1)
+    finally:
+        cluster.restart_slurmd(node)
+    wait_until(lambda: cluster.node_state(node) in ("idle", "mix", "alloc"), 120, f"{node} back in service")
+    return finish(cluster, run)
+
+
+def preemption(cluster: Cluster, d: Path) -> Run:
+    """TP2 x DP2 in the preemptible partition; an 'urgent' job takes one of its nodes mid-run."""
+    run = submit(cluster, d / "preempt", "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=1")
+    wait_step(run, 12)  # after the step-10 checkpoint: SIGTERM also reaches the save machinery's helpers
+    node = other_node(cluster, run)
+    urgent = cluster.run("sbatch", "--parsable", "-p", cluster.spec.urgent_partition, "-w", node, "--exclusive",
+                         "-J", "urgent", f"--chdir={d}", f"--output={d}/urgent_%j.out", "--wrap", "sleep 5")
+    run.seen["preemptor"] = urgent.stdout.strip()
+    run.seen["preempted_at"] = time.time()
+    finish(cluster, run)
+    run.seen["preemptor_state"] = cluster.wait_end(str(run.seen["preemptor"]), 60)
+    return run
+
+
+def crash_loop(cluster: Cluster, d: Path) -> Run:
+    """training.fail_at_iter=3 on a run whose batch script requeues itself after a crash.
+
+    A crash (exit 1) ends a Slurm job FAILED; sites and wrappers that auto-requeue failed
+    jobs turn a deterministic crash into an endless loop. The script's EXIT trap (a
+    cluster.setup line) plays that wrapper; the zero-progress guard must end the loop.
+    """
+    # requeue an attempt whose worker crashed (its last event: exit, reason error); not one the
+    # guard refused. (srun's own code is 143 whenever --kill-on-bad-exit ends the other ranks.)
+    trap = d / "requeue_on_crash.sh"
+    trap.write_text("requeue_if_crashed() {\n"
+                    "  if tail -n 1 \"$RUN_DIR/events.jsonl\" | grep -q '\"reason\": \"error\"'; then\n"
+                    "    scontrol requeue \"$SLURM_JOB_ID\"\n"
+                    "  fi\n"
+                    "}\n"
+                    "trap requeue_if_crashed EXIT\n")
+    run = submit(cluster, d / "crashloop", "parallelism=tp2", "run.time_limit_min=10", "training.fail_at_iter=3",
+                 "training.zero_progress_restarts=2", f"cluster.setup=['. {trap}']")
+    return finish(cluster, run, timeout=2 * TRAIN_TIMEOUT)
+
+
+def sweep(cluster: Cluster, d: Path) -> Dict[str, object]:
+    """A Hydra multirun over 3 layouts (tp=1, 2, 4 on 2 x 2 ranks); tp=4 > 2 ranks per node is invalid."""
+    root = d / "runs"
+    t0 = time.monotonic()
+    res = pretrain(cluster, d, "-m", "parallelism.tp=1,2,4", f"cluster.run_root={root}", "run.name=sweep",
+                   "run.time_limit_min=10", f"{SLEEP}=2")
+    took = time.monotonic() - t0
+    registry = sorted((root / "sweeps").glob("*.jsonl")) if (root / "sweeps").exists() else []
+    entries = [json.loads(x) for f in registry for x in f.read_text().splitlines()]
+    live = {e["job_id"]: cluster.state(e["job_id"]) for e in entries if e.get("job_id")}
+    for job_id in live:  # detach was the point; the training itself is covered by the other scenarios
+        cluster.run("scancel", job_id)
+    ended = {job_id: cluster.wait_end(job_id, 60) for job_id in live}
+    return {"res": res, "took": took, "registry": registry, "entries": entries, "live": live, "ended": ended}
+
+
+SCENARIOS: Dict[str, Callable[[Cluster, Path], object]] = {  # longest first: the pool runs two at a time
+    "time_limit": time_limit,
+    "crash_loop": crash_loop,
+    "node_crash": node_crash,
+    "preemption": preemption,
+    "node_down": node_down,
+    "completes": completes,
+    "sweep": sweep,
+}
+
+
+@pytest.fixture(scope="module")
+def scenarios(slurm_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Future]]:
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="scenario")
+    futures = {name: pool.submit(fn, slurm_cluster, tmp_path_factory.mktemp(name)) for name, fn in SCENARIOS.items()}
+    try:
+        yield futures
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def result(scenarios: Dict[str, Future], name: str) -> Run:
+    return scenarios[name].result(timeout=3 * TRAIN_TIMEOUT)
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+def test_rendered_script_is_checked_by_the_scheduler(slurm_cluster: Cluster, tmp_path: Path) -> None:
+    from launch.compose import compose_job
+    from launch.render import render
+
+    def rendered(name: str, *overrides: str) -> Path:
+        job = compose_job(["cluster=slurm_local", "parallelism=tp2", f"run.dir={tmp_path / name}", *overrides])
+        path = tmp_path / f"{name}.sh"
+        path.write_text(render(job, tmp_path / name))
+        return path
+
+    script = rendered("ok", "run.time_limit_min=10")
+    ok = slurm_cluster.run("sbatch", "--test-only", str(script), check=False)
+    assert ok.returncode == 0 and "to start at" in ok.stderr, ok.stderr
+    # more GPUs per node than a node has: the scheduler refuses the script
+    gpus = slurm_cluster.run("sbatch", "--test-only", "--gpus-per-node=9", str(script), check=False)
+    assert gpus.returncode != 0 and "Requested node configuration is not available" in gpus.stderr, gpus.stderr
+    # a time limit above the partition's: the job check refuses it before anything is submitted ...
+    big = pretrain(slurm_cluster, tmp_path, f"run.dir={tmp_path / 'big'}", "run.name=big", "run.time_limit_min=60")
+    assert big.returncode == 2, f"{big.stdout}\n{big.stderr}"
+    assert "run.time_limit_min" in big.stderr
+    assert not (tmp_path / "big").exists()
+    # ... and the scheduler refuses the same script rendered anyway (EnforcePartLimits=ALL)
+    late = slurm_cluster.run("sbatch", "--test-only", str(rendered("late", "run.time_limit_min=60")), check=False)
+    assert late.returncode != 0, late.stderr
+    assert "time limit" in late.stderr.lower(), late.stderr
+
+
+
+def test_completes(scenarios: Dict[str, Future]) -> None:
+    run = result(scenarios, "completes")
+    assert states(run) == ["COMPLETED"], run.logs()
+    assert run.restarts == 0
+    assert run.step_reached() == ITERS, run.logs()
+    assert [e["reason"] for e in run.of("exit")] == ["completed"]
+    assert sorted(run.losses()) == list(range(1, ITERS + 1))
+
+
+def test_time_limit_warning_requeues_and_resumes_with_equal_losses(scenarios: Dict[str, Future]) -> None:
+    run, ref = result(scenarios, "time_limit"), result(scenarios, "completes")
+    # Slurm: the same job id ran twice; the first attempt was requeued (by the worker, on the
+    # USR2 warning), not killed by the limit (TIMEOUT is never requeued)
+    assert states(run) == ["REQUEUED", "COMPLETED"], run.logs()
+    assert run.restarts == 1
+    assert {r["JobID"] for r in run.sacct} == {run.job_id}
+    sig = run.of("signal")
+    assert [e["signal"] for e in sig] == ["SIGUSR2"], run.logs()
+    stop_step = sig[0]["step"]
+    assert 0 < stop_step < ITERS
+    saved = [e for e in run.of("checkpoint_saved") if e["reason"] == "signal"]
+    assert [e["step"] for e in saved] == [stop_step]
+    assert [(e["method"], e["job_id_requeued"]) for e in run.of("requeue")] == [("scontrol", run.job_id)]
+    resumed = run.of("resume")
+    assert [(e["restart_count"], e["step"]) for e in resumed] == [(1, stop_step)], run.logs()
+    # training: the interrupted run reached the end with exactly the uninterrupted run's losses
+    assert run.step_reached() == ITERS
+    assert run.losses() == ref.losses()
+
+
+def _assert_node_failure_recovered(run: Run, cluster: Cluster) -> None:
+    # Slurm: NODE_FAIL recorded for the first attempt, requeued under the same id, completed
+    assert states(run) == ["NODE_FAIL", "COMPLETED"], run.logs()
+    assert run.restarts == 1
+    first = run.sacct[0]
+    assert run.seen["node"] in cluster.hostnames(first["NodeList"])
+    # training: resumed from the newest checkpoint written before the failure, then finished
+    last_ckpt = max(run.seen["ckpt_steps_before"])  # type: ignore[arg-type]
+    assert last_ckpt == 10
+    assert [(e["restart_count"], e["step"]) for e in run.of("resume")] == [(1, last_ckpt)], run.logs()
+    assert run.step_reached() == ITERS
+    assert [e["reason"] for e in run.of("exit")][-1] == "completed"
+    # steps recomputed after the resume gave the same losses as the first time
+    first_time: Dict[int, str] = {}
+    for e in run.of("iteration"):
+        first_time.setdefault(e["step"], e["loss"])
+    assert first_time == run.losses()
+
+
+def test_node_set_down_is_node_fail_then_resume_from_last_checkpoint(scenarios: Dict[str, Future],
+                                                                    slurm_cluster: Cluster) -> None:
+    run = result(scenarios, "node_down")
+    _assert_node_failure_recovered(run, slurm_cluster)
+
+
+def test_node_crash_is_node_fail_then_resume_from_last_checkpoint(scenarios: Dict[str, Future],
+                                                                  slurm_cluster: Cluster) -> None:
+    run = result(scenarios, "node_crash")
+    assert len(run.seen["killed"]) >= 3, "slurmd, its slurmstepd and its 2 ranks should have been killed"
+    _assert_node_failure_recovered(run, slurm_cluster)
+
+
+def test_preemption_sigterm_checkpoint_within_grace_then_resume(scenarios: Dict[str, Future], slurm_cluster: Cluster) -> None:
+    run = result(scenarios, "preemption")
+    grace = slurm_cluster.spec.grace_time_s
+    # Slurm: the preempted attempt was REQUEUED (not FAILED by a rank dying on SIGTERM, and
+    # not PREEMPTED by the kill at the end of the grace time), and the urgent job ran
+    assert states(run) == ["REQUEUED", "COMPLETED"], run.logs()
+    assert run.restarts == 1
+    assert run.seen["preemptor_state"] == "COMPLETED"
+    # every rank caught SIGTERM: a rank without the handler dies with 143 and fails the job
+    assert "exit code 143" not in run.logs()
+    sig = run.of("signal")
+    assert [e["signal"] for e in sig] == ["SIGTERM"], run.logs()
+    saved = [e for e in run.of("checkpoint_saved") if e["reason"] == "signal"]
+    assert len(saved) == 1 and saved[0]["step"] == sig[0]["step"] >= 12
+    assert saved[0]["time"] - float(run.seen["preempted_at"]) < grace, "the checkpoint missed the grace time"
+    assert [e["method"] for e in run.of("requeue")] == ["scontrol"]
+    assert [(e["restart_count"], e["step"]) for e in run.of("resume")] == [(1, saved[0]["step"])]
+    assert run.step_reached() == ITERS
+
+
+def test_deterministic_crash_loop_is_stopped_by_the_zero_progress_guard(scenarios: Dict[str, Future]) -> None:
+    run = result(scenarios, "crash_loop")
+    # Slurm: two crashed attempts requeued (by the script's trap), the third refused to start
+    assert states(run) == ["REQUEUED", "REQUEUED", "FAILED"], run.logs()
+    assert run.restarts == 2
+    stops = run.of("stop")
+    assert [e["reason"] for e in stops] == ["crash", "crash", "zero_progress"], run.logs()
+    assert "fail_at_iter=3" in stops[0]["detail"]
+    assert stops[-1]["code"] == 3 and stops[-1]["restart_count"] == 2
+    assert run.step_reached() == 2  # step 3 never completed; no checkpoint was ever written
+    assert not run.of("checkpoint_saved")
+
+
+def test_sweep_skips_invalid_layout_submits_the_rest_and_detaches(scenarios: Dict[str, Future]) -> None:
+    out = scenarios["sweep"].result(timeout=3 * TRAIN_TIMEOUT)
+    res = out["res"]
+    assert res.returncode == 0, f"{res.stdout}\n{res.stderr}"
+    assert len(out["registry"]) == 1, out["registry"]
+    by_tp = {json.dumps(e["overrides"]): e for e in out["entries"]}
+    assert len(by_tp) == 3, out["entries"]
+    refused = [e for e in out["entries"] if e["status"] == "refused"]
+    submitted = [e for e in out["entries"] if e["status"] == "submitted"]
+    assert [e["overrides"] for e in refused] == [["parallelism.tp=4"]] or \
+        any("parallelism.tp=4" in e["overrides"] for e in refused), out["entries"]
+    assert len(refused) == 1 and refused[0]["job_id"] is None
+    assert any("parallelism.tp" in r or "tp 4" in r for r in refused[0]["reasons"]), refused[0]["reasons"]
+    assert len(submitted) == 2 and all(e["job_id"] for e in submitted)
+    # submit-and-detach: when the command returned, both jobs were still queued or running
+    assert set(out["live"].values()) <= {"PENDING", "RUNNING", "CONFIGURING"}, out["live"]
+    assert set(out["ended"].values()) == {"CANCELLED"}, out["ended"]
+    for e in submitted:
+        assert (Path(e["run_dir"]) / "sbatch.sh").exists()
