@@ -140,7 +140,8 @@ def build_attempts(
     train_iters: int | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One row per attempt (:data:`ATTEMPT_COLUMNS`) and the iteration rows with
-    ``job``/``attempt``/``kept`` added. ``gpus`` is used where sacct does not say."""
+    ``job``/``attempt``/``kept`` added. ``gpus`` is used where sacct does not say.
+    """
     sigs = sigs if sigs is not None else pd.DataFrame(columns=["source", "job_id", "offset", "kind", "cause", "at"])
     ckpts = ckpts if ckpts is not None else pd.DataFrame(columns=["source", "job_id", "offset", "kind", "iteration"])
     events = events if events is not None else pd.DataFrame(columns=["time", "ts", "event", "job_id", "restart_count"])
@@ -247,8 +248,9 @@ def build_attempts(
         for r in ev.itertuples():
             if r.event == "signal":
                 sig = str(getattr(r, "signal", "") or "")
-                if "USR1" in sig:
-                    add(r.job, r.attempt, "time_limit", f"event signal {sig} (time-limit warning)")
+                if "USR2" in sig:  # slurmtron's --signal=USR2@lead warning (recovery/signals.py)
+                    add(r.job, r.attempt, "time_limit",
+                        f"event signal {sig} (time-limit warning, or a graceful scancel --signal=USR2)")
             elif r.event == "stop" and str(getattr(r, "reason", "")) == "crash":
                 add(r.job, r.attempt, "unknown", "event stop crash")
             elif r.event == "exit" and str(getattr(r, "reason", "")) == "error":

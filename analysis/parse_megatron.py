@@ -157,6 +157,7 @@ def read_text(path: str | os.PathLike) -> str:
 
 
 _JOB_RANK_RES = [
+    re.compile(r"^(?P<job>[0-9]+(?:_[0-9]+)?)_batch\.(?:out|err|log)$"),  # %j_batch.out (the batch shell)
     re.compile(r"^(?P<job>[0-9]+(?:_[0-9]+)?)_(?P<rank>[0-9]+)\.(?:out|err|log)$"),  # %j_%t.out
     re.compile(r"^local_(?P<job>[0-9]+)_rank(?P<rank>[0-9]+)\.(?:out|err|log)$"),  # local_<attempt>_rank<r>
     re.compile(r"[-_.](?P<job>[0-9]{4,})\.(?:out|err|log)$"),  # name-1809562.out
@@ -164,14 +165,15 @@ _JOB_RANK_RES = [
 
 
 def source_ids(path: str | os.PathLike) -> tuple[str | None, int | None]:
-    """(job id, rank) from a log file name: ``%j_%t.out``, ``local_<attempt>_rank<r>.out``
-    (job id ``local-<attempt>``) or ``<name>-<jobid>.out``; ``(None, None)`` if neither."""
+    """(job id, rank) from a log file name: ``%j_%t.out``, ``%j_batch.out`` (rank None),
+    ``local_<attempt>_rank<r>.out`` (job id ``local-<attempt>``) or ``<name>-<jobid>.out``;
+    ``(None, None)`` if none fits."""
     name = Path(path).name
     for i, rx in enumerate(_JOB_RANK_RES):
         m = rx.search(name)
         if m:
             job = m.group("job")
-            if i == 1:
+            if i == 2:
                 job = f"local-{job}"
             rank = m.groupdict().get("rank")
             return job, int(rank) if rank is not None else None

@@ -83,6 +83,8 @@ def test_real_time_limit_and_user_cancels_are_categorized():
 
 def test_source_ids_from_file_names():
     assert source_ids("logs/1234_7.out") == ("1234", 7)
+    assert source_ids("logs/1234_batch.out") == ("1234", None)
+    assert source_ids("logs/1234_5_0.out") == ("1234_5", 0)
     assert source_ids("logs/local_2_rank1.out") == ("local-2", 1)
     assert source_ids("meg_gpt2_base_n8_dp1_tp4_pp8-1809562.out") == ("1809562", None)
     assert source_ids("meg_gpt2_perf_n16.out") == (None, None)

@@ -66,6 +66,11 @@ def make_run(root: Path, name: str = "demo") -> Path:
     (run / "logs" / "100_0.out").write_text(
         "[rank0]:[E1129 10:19:00.0 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation "
         "timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 600000 milliseconds before timing out.\n")
+    # the batch shell's output, as real Slurm writes it for a requeue (attempt 0) and node failure
+    (run / "logs" / "100_batch.out").write_text(
+        "slurmtron: job 100 restart 0 on n1\n"
+        f"slurmstepd-n1: error: *** JOB 100 ON n1 CANCELLED AT {_at(10.1):%Y-%m-%dT%H:%M:%S} DUE TO JOB REQUEUE ***\n"
+        "slurmtron: job 100 restart 1 on n1\n")
     ev = []
 
     def e(minutes, event, attempt, **kw):
@@ -74,7 +79,7 @@ def make_run(root: Path, name: str = "demo") -> Path:
 
     e(0.2, "job_start", 0, world_size=2, layout={"tp": 1, "pp": 1}, train_iters=30)
     e(2.0, "checkpoint_saved", 0, step=10, path="x", seconds=2.0, bytes=1, reason="interval")
-    e(9.0, "signal", 0, signal="SIGUSR1", step=12)
+    e(9.0, "signal", 0, signal="SIGUSR2", step=12)
     e(9.1, "requeue", 0, method="scontrol", step=12)
     e(9.2, "exit", 0, reason="requeue", code=0, step=12)
     e(11.1, "job_start", 1, world_size=2, layout={"tp": 1, "pp": 1}, train_iters=30)
@@ -116,6 +121,8 @@ def test_attempts_and_interruptions_are_named_with_their_cause(run_dir):
     intr = interruptions(att)
     assert intr["cause"].tolist() == ["time_limit", "node_failure"]  # node failure outranks the NCCL timeout
     assert "nccl_timeout" in intr["evidence"].iloc[1]
+    assert "slurm_cancel" in intr["evidence"].iloc[0]  # the batch log's JOB REQUEUE line, placed by its time
+    assert set(att["job"]) == {"100"}
     assert intr["last_step"].tolist() == [12, 24]
     assert intr["resumed_from"].tolist() == [10, 20]
     assert intr["steps_lost"].tolist() == [2, 4]
