@@ -155,7 +155,8 @@ def load_paths(paths: list[str | os.PathLike], chunk_bytes: int = DEFAULT_CHUNK_
 
 def _parse_run_dir(d: Path, chunk_bytes: int) -> RunInputs:
     files = sorted(f for f in (d / "logs").glob("*") if f.is_file()) if (d / "logs").is_dir() else []
-    for extra in ("events.jsonl", "sacct.txt"):
-        if (d / extra).is_file():
-            files.append(d / extra)
+    if (d / "events.jsonl").is_file():
+        files.append(d / "events.jsonl")
+    # sacct dumps: any top-level text file whose first line is a sacct header (sacct.txt, sacct_D.txt ...)
+    files += [f for f in sorted(d.iterdir()) if f.is_file() and f.suffix in (".txt", ".psv", "") and _is_sacct(f)]
     return _parse(d.name, files, read_config(d / "config.yaml"), chunk_bytes)

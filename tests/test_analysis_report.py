@@ -240,3 +240,21 @@ def test_analysis_imports_neither_torch_nor_other_packages():
             "sys.exit(repr(bad) if bad else 0)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert r.returncode == 0, r.stderr
+
+
+SLURM_RUN = REPO / "tests" / "fixtures" / "slurm_run"
+
+
+@pytest.mark.skipif(not (SLURM_RUN / "events.jsonl").is_file(),
+                    reason="tests/fixtures/slurm_run/ (made by real Slurm with make_fixture.py) is not there yet")
+def test_report_names_the_real_slurm_interruptions(tmp_path):
+    # make_fixture.py: preempted at step 4 (an urgent job takes a node), then a node crash after the
+    # step-10 checkpoint of the second attempt (NODE_FAIL), then completed.
+    out = tmp_path / "o"
+    assert main([str(SLURM_RUN), "--out", str(out)]) == 0
+    intr = pd.read_csv(out / "interruptions.csv")
+    assert intr["cause"].tolist() == ["preemption", "node_failure"]
+    assert intr["resumed_from"].iloc[1] == 10
+    s = json.loads((out / "summary.json").read_text())
+    assert s["counts_by_cause"] == {"preemption": 1, "node_failure": 1}
+    assert 0 < s["goodput"] < 1
