@@ -98,8 +98,9 @@ def _summary(run: RunInputs, res: dict) -> dict:
         "hfu": _num(m["hfu"].median()) if len(m) else None,
         "tflops_per_gpu": _num(m["tflops"].median()) if len(m) else None,
         "tokens_per_s": _num(m["tokens_per_s"].median()) if len(m) else None,
-        "mfu_by_attempt": [{k: (_num(v) if k not in ("job", "layout") else v) for k, v in r.items()}
-                           for r in steady.to_dict("records")],
+        "mfu_by_attempt": [{k: (v if k in ("job", "layout") else int(v) if k in ("attempt", "steps", "first_step",
+                                                                                  "last_step") and pd.notna(v)
+                                else _num(v)) for k, v in r.items()} for r in steady.to_dict("records")],
         "skipped_lines": dict(run.skipped),
         "skipped_iterations_logged": _num(m["skipped_iters"].max()) if len(m) else None,
         "nan_iterations_logged": _num(m["nan_iters"].max()) if len(m) else None,
@@ -169,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
                f"TFLOP/s/GPU {s['tflops_per_gpu']}, tokens/s {s['tokens_per_s']}",
                f"- steps with a throughput regression (rolling {args.window} vs baseline, +{args.threshold:.0%}): "
                f"{s['regressed_steps']}",
+               f"- straggler ranks (median step time > 1.1x the ranks' median, where several ranks log): "
+               f"{[(r['job'], r['attempt'], r['rank'], round(r['ratio'], 2)) for r in s['stragglers']] or 'none'}",
                "", "### Interruptions", "",
                _md_table(res["interruptions"]), "### Throughput per attempt", "", _md_table(res["by_attempt"]),
                f"![timeline]({tl.name})", "", f"![goodput]({gp.name})", ""]
