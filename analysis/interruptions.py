@@ -206,7 +206,8 @@ def build_attempts(
         "n_iterations": g.size(), "step_time_s": g["elapsed_ms"].median() / 1000.0,
         "productive_s": it[it["kept"]].groupby(["job", "attempt"])["step_s"].sum(),
         "lost_s": it[~it["kept"]].groupby(["job", "attempt"])["step_s"].sum(),
-        "last_loss": g["lm_loss"].last(), "last_grad_norm": g["grad_norm"].last(),
+        # printed nan/inf in the last logged step (groupby.last() would skip a NaN)
+        "last_nonfinite": g["nonfinite"].nth(-1).set_axis(g.size().index).astype(bool),
         "max_train_iters": g["train_iters"].max(),
     }).reset_index()
     att = win.merge(per, on=["job", "attempt"], how="outer") if not win.empty else per
@@ -237,8 +238,7 @@ def build_attempts(
     for r in att.itertuples():
         c = SACCT_STATE_CAUSE.get(str(r.state)) if isinstance(r.state, str) else None
         add(r.job, r.attempt, c, f"sacct {r.state}")
-        bad = [v for v in (r.last_loss, r.last_grad_norm) if v is not None and not pd.isna(v) and not np.isfinite(v)]
-        if bad:
+        if r.last_nonfinite is True:
             add(r.job, r.attempt, "nan", "non-finite loss/grad norm in the last logged step")
     for r in sg.itertuples() if not sg.empty else []:
         if isinstance(r.cause, str):
@@ -345,7 +345,9 @@ def goodput(att: pd.DataFrame) -> dict:
     """Goodput and its breakdown over all attempts.
 
     ``allocated_s`` sums (end - start) of attempts that have both (GPU-weighted as
-    ``allocated_gpu_h`` when GPU counts are known). ``restart_overhead_s`` is what is left
+    ``allocated_gpu_h`` when GPU counts are known). Without sacct an attempt spans its
+    first to last event-log record, which leaves out the start-up before the worker's
+    ``job_start``: goodput is then an upper bound. ``restart_overhead_s`` is what is left
     of the allocation after productive, lost and checkpoint time. ``goodput`` is None when
     no allocation window is known (a bare log file): then only step times are reported.
     """

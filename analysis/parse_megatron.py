@@ -89,7 +89,7 @@ _RAW_COLUMNS = [
     "tflops_per_gpu", "mfu_pct", "lr", "global_batch_size", "lm_loss", "loss_scale",
     "grad_norm", "skipped_iters", "nan_iters",
 ]
-ITERATION_COLUMNS = ["source", "job_id", "rank", "seq", "offset"] + _RAW_COLUMNS
+ITERATION_COLUMNS = ["source", "job_id", "rank", "seq", "offset"] + _RAW_COLUMNS + ["nonfinite"]
 _INT_LIMIT = 2**53  # larger iteration numbers are garbage, not progress
 
 _CHECKPOINT_RE = re.compile(
@@ -238,6 +238,15 @@ def parse_iteration_text(text: str, *, source: str = "", job_id: str | None = No
             **{c: _to_float(v) for c, v in zip(_RAW_COLUMNS[1:], cols[1:])},
         }
     )
+    # a loss or grad norm printed as nan/inf (not merely absent, as on fp16 skipped steps)
+    nonfinite = np.zeros(n, dtype=bool)
+    for c in ("lm_loss", "grad_norm"):
+        v = df[c].to_numpy()
+        bad = ~np.isfinite(v)
+        if bad.any():
+            raw = np.array([bool(x) for x in cols[_RAW_COLUMNS.index(c)]], dtype=bool)  # '' or None: absent
+            nonfinite |= bad & raw
+    df["nonfinite"] = nonfinite
     ok = (
         df["iteration"].notna()
         & (df["iteration"].abs() < _INT_LIMIT)

@@ -45,6 +45,7 @@ def test_every_real_iteration_line_is_parsed(path):
     assert len(df) == n_iter
     assert df["lm_loss"].notna().sum() == n_loss
     assert skipped == 0
+    assert not df["nonfinite"].any()  # fp16 skipped steps print no loss: that is not a NaN
     # file order is kept and iterations increase within these single-attempt logs
     assert df["iteration"].is_monotonic_increasing
     # the numbers are the ones printed on the line
@@ -108,6 +109,7 @@ def test_hand_made_hostile_mix():
     assert df["tflops_per_gpu"].iloc[1] == 1.5 and df["mfu_pct"].iloc[1] == 0.15
     assert math.isnan(df["lm_loss"].iloc[2]) and df["grad_norm"].iloc[2] == math.inf  # nan/inf are data
     assert df["nan_iters"].iloc[2] == 1
+    assert df["nonfinite"].tolist() == [False, False, True]  # printed nan/inf, not an absent field
     assert skipped == 2  # the cut-off line and the absurd iteration number
 
 

@@ -258,3 +258,20 @@ def test_report_names_the_real_slurm_interruptions(tmp_path):
     s = json.loads((out / "summary.json").read_text())
     assert s["counts_by_cause"] == {"preemption": 1, "node_failure": 1}
     assert 0 < s["goodput"] < 1
+
+
+def test_nan_loss_at_the_end_of_an_attempt_is_the_cause():
+    from analysis.parse_megatron import parse_iteration_text
+
+    lines = [_line(s, _at(s / 6)) for s in range(1, 6)]
+    lines[-1] = lines[-1].replace("lm loss: 9.500000E+00", "lm loss: nan")
+    lines[1] = lines[1].replace(" lm loss: 9.800000E+00 |", "")  # a step without a loss is not a NaN
+    lines += [_line(s, _at(30 + s / 6)) for s in range(5, 9)]  # restarted from step 4
+    text = "\n".join(lines[:5]) + "\nslurmtron: restart\n" + "\n".join(lines[5:])
+    it, _ = parse_iteration_text(text, source="logs/100_0.out", job_id="100", offsets=True)
+    assert it["lm_loss"].isna().sum() == 2 and it["nonfinite"].sum() == 1
+    att, _ = build_attempts(it)
+    assert att["attempt"].tolist() == [0, 1]
+    assert interruptions(att)["cause"].tolist() == ["nan"]
+    it.loc[it["lm_loss"].isna(), "nonfinite"] = False
+    assert interruptions(build_attempts(it)[0])["cause"].tolist() == ["unknown"]
