@@ -253,3 +253,19 @@ def test_fuzz_near_miss_lines(parts):
     df, skipped = parse_iteration_text(text)
     assert (df["elapsed_ms"].notna() | df["lm_loss"].notna()).all()
     assert skipped >= 0
+
+
+@needs_real
+def test_real_logs_interruptions_by_cause():
+    from analysis.interruptions import build_attempts, interruptions
+    from analysis.load import load_paths
+
+    (run,) = load_paths(sorted(REAL.glob("*.out")))
+    att, _ = build_attempts(run.iterations, run.signatures, run.checkpoints)
+    intr = interruptions(att).set_index("job")
+    assert intr["cause"].to_dict() == {
+        "1809562": "user_cancel", "1809577": "user_cancel", "1809579": "user_cancel", "1809620": "user_cancel",
+        "1809655": "time_limit", "1999616": "time_limit", "1999618": "time_limit",
+    }
+    assert intr.loc["1809655", "last_step"] == 60  # the last iteration line before the time limit
+    assert intr.loc["1999616", "time"] == pd.Timestamp("2021-05-27 21:42:11")
