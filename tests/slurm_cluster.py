@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import random
 import shutil
 import signal
 import socket
@@ -109,8 +110,13 @@ class Layout:
 # ----------------------------------------------------------------------------- pure renderers
 
 
-def render_slurm_conf(spec: ClusterSpec, lay: Layout, ports: Ports, hostname: str) -> str:
-    """slurm.conf tuned for fast, observable recovery (see the notes for why each line)."""
+def render_slurm_conf(spec: ClusterSpec, lay: Layout, ports: Ports, hostname: str, first_job_id: int = 1) -> str:
+    """slurm.conf tuned for fast, observable recovery (see the notes for why each line).
+
+    ``first_job_id`` differs per cluster so that two clusters on one machine (parallel test
+    sessions) do not hand out the same job ids, from which the batch script derives
+    MASTER_PORT.
+    """
     nodes = "\n".join(
         f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 Port={p} "
         f"CPUs={spec.cpus_per_node} RealMemory=4000 Gres=gpu:{spec.gpus_per_node} State=UNKNOWN"
@@ -119,6 +125,7 @@ def render_slurm_conf(spec: ClusterSpec, lay: Layout, ports: Ports, hostname: st
     r = lay.root
     return f"""\
 ClusterName=slurmtron
+FirstJobId={first_job_id}
 SlurmctldHost={hostname}(127.0.0.1)
 SlurmctldPort={ports.slurmctld}
 SlurmUser=root
@@ -319,6 +326,26 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def slurmdbd_command(run: Runner = _run) -> List[str]:
+    """slurmdbd, kept on loopback.
+
+    slurmdbd has no bind-address setting: with ``NoInAddrAny`` it binds to its hostname's
+    address. Inside a UTS namespace whose hostname is ``localhost`` that is 127.0.0.1; where
+    namespaces are not allowed (an unprivileged container), the machine's own hostname must
+    already resolve to loopback, or we refuse rather than listen on the network.
+    """
+    if run(["unshare", "--uts", "true"], timeout=10).returncode == 0:
+        return ["unshare", "--uts", "sh", "-c", "hostname localhost && exec slurmdbd -D"]
+    try:
+        addrs = {a[4][0] for a in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)}
+    except OSError:
+        addrs = set()
+    if addrs and all(a.startswith("127.") for a in addrs):
+        return ["slurmdbd", "-D"]
+    raise RuntimeError(f"cannot keep slurmdbd on loopback: no UTS namespace (unshare) and the hostname "
+                       f"{socket.gethostname()!r} resolves to {sorted(addrs)}")
+
+
 def _munge_key(path: Path) -> None:
     path.write_bytes(os.urandom(1024))
     path.chmod(0o400)
@@ -453,7 +480,8 @@ def start(root: Path, spec: ClusterSpec = ClusterSpec(), timeout: float = 90) ->
     (root / "munge").chmod(0o755)
     picked = free_ports(3 + spec.nodes)
     ports = Ports(slurmctld=picked[0], slurmdbd=picked[1], mysql=picked[2], slurmd=picked[3:])
-    lay.slurm_conf.write_text(render_slurm_conf(spec, lay, ports, socket.gethostname().split(".")[0]))
+    first_job_id = random.SystemRandom().randrange(100, 12000, 100)  # MASTER_PORT 20000 + id stays below 32768
+    lay.slurm_conf.write_text(render_slurm_conf(spec, lay, ports, socket.gethostname().split(".")[0], first_job_id))
     (lay.etc / "slurmdbd.conf").write_text(render_slurmdbd_conf(lay, ports))
     (lay.etc / "slurmdbd.conf").chmod(0o600)
     (lay.etc / "gres.conf").write_text(render_gres_conf(spec, lay))
@@ -478,7 +506,7 @@ def start(root: Path, spec: ClusterSpec = ClusterSpec(), timeout: float = 90) ->
                                  "--innodb-buffer-pool-size=32M"], env, root)
         wait_until(lambda: lay.munge_socket.exists(), 20, "munged socket")
         wait_until(lambda: _port_open(ports.mysql), 60, "MariaDB on 127.0.0.1")
-        _spawn(lay, "slurmdbd", ["unshare", "--uts", "sh", "-c", "hostname localhost && exec slurmdbd -D"], env, root)
+        _spawn(lay, "slurmdbd", slurmdbd_command(), env, root)
         wait_until(lambda: _port_open(ports.slurmdbd), 60, "slurmdbd on 127.0.0.1")
         _spawn(lay, "slurmctld", ["slurmctld", "-D", "-i"], env, root)
         wait_until(lambda: _port_open(ports.slurmctld), 60, "slurmctld on 127.0.0.1")
@@ -612,6 +640,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = ap.parse_args(argv)
     if args.action == "start":
         t0 = time.monotonic()
+        if args.root.exists():  # a previous cluster here: stop it, start clean
+            stop(args.root)
+            shutil.rmtree(args.root)
         cluster = start(args.root)
         print(f"# started in {time.monotonic() - t0:.1f}s; logs in {cluster.lay.logs}", file=sys.stderr)
         print(f"export SLURM_CONF={cluster.lay.slurm_conf}")
