@@ -105,6 +105,9 @@ def _summary(run: RunInputs, res: dict) -> dict:
         "skipped_iterations_logged": _num(m["skipped_iters"].max()) if len(m) else None,
         "nan_iterations_logged": _num(m["nan_iters"].max()) if len(m) else None,
         "regressed_steps": int(m["regressed"].sum()) if len(m) else 0,
+        # the job's own TFLOP/s over ours (same formula): far from 1 means the config does not match the log
+        "logged_vs_computed_tflops": _num((m["tflops_per_gpu"] / m["tflops"])[m["tflops_per_gpu"] >= 1.0].median())
+        if len(m) else None,
         "stragglers": res["stragglers"][res["stragglers"]["straggler"]].to_dict("records"),
     }
 
