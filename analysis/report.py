@@ -71,6 +71,7 @@ def analyze_run(run: RunInputs, shape: RunShape, *, window: int = 20, threshold:
     return {
         "attempts": att, "interruptions": intr, "metrics": m, "by_attempt": attempt_summary(m),
         "by_layout": layout_summary(m), "stragglers": straggler_flags(m), "goodput": goodput(att),
+        "computed": bool(shape.model and shape.world_size),
     }
 
 
@@ -107,7 +108,7 @@ def _summary(run: RunInputs, res: dict) -> dict:
         "regressed_steps": int(m["regressed"].sum()) if len(m) else 0,
         # the job's own TFLOP/s over ours (same formula): far from 1 means the config does not match the log
         "logged_vs_computed_tflops": _num((m["tflops_per_gpu"] / m["tflops"])[m["tflops_per_gpu"] >= 1.0].median())
-        if len(m) else None,
+        if len(m) and res["computed"] else None,
         "stragglers": res["stragglers"][res["stragglers"]["straggler"]].to_dict("records"),
     }
 
