@@ -152,7 +152,7 @@ def regression_flags(m: pd.DataFrame, *, window: int = 20, baseline_steps: int =
     """Flag steps whose rolling median step time is ``threshold`` above the run's baseline.
 
     Baseline: the median step time of the first ``baseline_steps`` steady-state steps of
-    the run (per layout: a new layout is a new baseline). The rolling median over
+    the run (per layout: a new layout is a new baseline; per job where the layout is unknown). The rolling median over
     ``window`` logged steps ignores single slow steps (a checkpoint save, a GC pause) and
     catches sustained slow-downs (a degraded node, thermal throttling, a noisy neighbour).
     Adds ``rolling_ms``, ``baseline_ms`` and ``regressed``.
@@ -161,8 +161,10 @@ def regression_flags(m: pd.DataFrame, *, window: int = 20, baseline_steps: int =
     if s.empty:
         return s.assign(rolling_ms=pd.Series(dtype=float), baseline_ms=pd.Series(dtype=float),
                         regressed=pd.Series(dtype=bool))
-    base = s.groupby("layout")["elapsed_ms"].transform(lambda x: x.head(baseline_steps).median())
-    roll = s.groupby("layout")["elapsed_ms"].transform(
+    # one baseline per layout; where the layout is unknown (bare logs), one per job
+    key = s["layout"].where(s["layout"] != "unknown", "job:" + s["job"].astype(str))
+    base = s.groupby(key)["elapsed_ms"].transform(lambda x: x.head(baseline_steps).median())
+    roll = s.groupby(key)["elapsed_ms"].transform(
         lambda x: x.rolling(window, min_periods=max(1, window // 2)).median())
     s = s.assign(rolling_ms=roll, baseline_ms=base)
     s["regressed"] = (s["rolling_ms"] > s["baseline_ms"] * (1 + threshold)).fillna(False)

@@ -31,12 +31,17 @@ def plot_timeline(m: pd.DataFrame, intr: pd.DataFrame, path: Path, title: str = 
     m = m.sort_values(["timestamp", "job", "attempt", "seq"], kind="stable", na_position="last").reset_index(drop=True)
     x, xlabel = _x(m)
     fig, (a1, a2) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-    tput = m["tflops"] if m["tflops"].notna().any() else m["tokens_per_s"]
+    if m["tflops"].notna().any():
+        tput, ylabel = m["tflops"], "TFLOP/s/GPU"
+    elif m["tokens_per_s"].notna().any():
+        tput, ylabel = m["tokens_per_s"], "tokens/s"
+    else:  # a bare log: no model shape, so only the step time is known
+        tput, ylabel = m["elapsed_ms"] / 1000.0, "step time (s)"
     for _, idx in m.groupby(["job", "attempt"], sort=False).groups.items():  # no line across a restart
         a1.plot(x[idx], m.loc[idx, "lm_loss"], ".-", ms=2, lw=0.8, color="tab:blue")
         a2.plot(x[idx], tput[idx], ".-", ms=2, lw=0.8, color="tab:green")
     a1.set_ylabel("lm loss")
-    a2.set_ylabel("TFLOP/s/GPU" if m["tflops"].notna().any() else "tokens/s")
+    a2.set_ylabel(ylabel)
     if "regressed" in m and m["regressed"].any():
         r = m["regressed"].fillna(False).astype(bool)
         a2.plot(x[r], tput[r], "x", color="red", ms=4, label="throughput regression")
