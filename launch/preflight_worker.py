@@ -133,12 +133,21 @@ def _init(job: Any, denv: Any, timeout_s: float) -> tuple[bool, Any]:
 
 
 def _build(job: Any, cuda: bool, device: Any) -> tuple[list, Any, Any]:
-    """Model chunks (DDP), optimizer and scheduler, in the order launch.worker builds them."""
+    """Model chunks (DDP), optimizer and scheduler, in the order launch.worker builds them.
+
+    A copy of the worker's sequence (it has no public builder yet); keep the two in step.
+    """
     from launch import megatron_model, train_loop
 
     p, t = job.parallelism, job.training
     config = megatron_model.to_transformer_config(job.model, p, t, cuda=cuda)
     use_te = cuda and megatron_model.have_transformer_engine()
+    if not megatron_model.have_transformer_engine():
+        from launch import cpu_shim
+
+        patch = getattr(cpu_shim, "patch_missing_te_symbols", None)  # the MoE router without TE
+        if patch is not None:
+            patch()
     train_loop.seed_step(t.seed, 0)
     chunks = megatron_model.build_model_chunks(job.model, config, p.tp, use_te=use_te, device=device)
     megatron_model.init_layout_independent(chunks, job.model, t.seed)
