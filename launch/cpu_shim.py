@@ -11,7 +11,8 @@ removed a TP2xPP2 distributed-optimizer run fails):
 4. Literal ``device="cuda"``, ``Tensor.cuda()``, ``pin_memory=True`` and ``Tensor.type()``
    strings: a :class:`torch.overrides.TorchFunctionMode` rewrites them.
 
-Plus one feature patch: sequence parallelism with the torch norm fallback.
+Plus feature patches: sequence parallelism with the torch norm fallback, and the MoE router's
+missing TE symbol (:func:`patch_missing_te_symbols`, also used on a GPU without TE).
 
 :func:`apply` is called by the worker only when ``torch.cuda.is_available()`` is false,
 before any model or optimizer is built. It returns the active function mode so the caller
@@ -156,6 +157,19 @@ def _patch_sequence_parallel_norm() -> None:
     if not getattr(torch_norm.WrappedTorchNorm, "_slurmtron_sp", False):
         torch_norm.WrappedTorchNorm.__new__ = staticmethod(new)
         torch_norm.WrappedTorchNorm._slurmtron_sp = True
+
+
+def patch_missing_te_symbols() -> None:
+    """Without TransformerEngine, Megatron-Core 0.16's MoE router reads an undefined name.
+
+    ``moe_utils.router_gating_linear`` tests ``te_general_gemm is not None``, but the name is
+    only bound when the TE import succeeds, so every MoE forward raises ``NameError``. Bind it
+    to None, the value the code expects for "no TE". Needed on CPU and on a GPU without TE.
+    """
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
 
 
 def apply() -> CpuDeviceMode:

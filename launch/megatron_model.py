@@ -93,7 +93,7 @@ def to_transformer_config(
         moe_router_topk=model.moe_router_topk,
         moe_router_pre_softmax=moe and model.moe_router_topk == 1,  # Megatron requires it for top-1
         moe_ffn_hidden_size=(model.moe_ffn_hidden_size or model.ffn_hidden_size) if moe else None,
-        moe_token_dispatcher_type="alltoall" if moe else "allgather",
+        moe_token_dispatcher_type="alltoall" if (moe and cuda) else "allgather",  # gloo: no list-less all_to_all
         moe_aux_loss_coeff=1e-2 if moe else 0.0,
         # parallelism
         tensor_model_parallel_size=parallelism.tp,
@@ -104,6 +104,10 @@ def to_transformer_config(
         sequence_parallel=parallelism.sequence_parallel,
         account_for_embedding_in_pipeline_split=parallelism.account_for_embedding_in_pipeline_split,
         account_for_loss_in_pipeline_split=parallelism.account_for_loss_in_pipeline_split,
+        # with two stages "previous" and "next" are the same rank: batched isend/irecv then pairs a
+        # gradient with an activation of the same shape (seen with vpp on gloo); the unbatched
+        # path orders the ops by rank parity and matches them
+        batch_p2p_comm=not (parallelism.pp == 2 and parallelism.vpp),
         recompute_granularity=granularity,
         recompute_method=method,
         recompute_num_layers=num_layers,

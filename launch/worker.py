@@ -123,7 +123,8 @@ def main(argv: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = No
         import traceback
 
         traceback.print_exc()
-        events.emit("stop", reason="crash", code=EXIT_CRASH, detail=f"{type(e).__name__}: {e}"[:2000])
+        reason = "optimizer_mismatch" if type(e).__name__ == "CheckpointMismatch" else "crash"
+        events.emit("stop", reason=reason, code=EXIT_CRASH, detail=f"{type(e).__name__}: {e}"[:2000])
         events.emit("exit", reason="error", code=EXIT_CRASH, step=None)
         return EXIT_CRASH
 
@@ -223,6 +224,10 @@ def _train(job, run_dir: Path, env, denv, restart: int, flag, events, cuda: bool
     # ---- model, DDP, optimizer, schedule ----
     config = megatron_model.to_transformer_config(job.model, p, t, cuda=cuda)
     use_te = cuda and megatron_model.have_transformer_engine()
+    if not megatron_model.have_transformer_engine():
+        from launch.cpu_shim import patch_missing_te_symbols
+
+        patch_missing_te_symbols()
     train_loop.seed_step(t.seed, 0)
     chunks = megatron_model.build_model_chunks(job.model, config, p.tp, use_te=use_te, device=device)
     megatron_model.init_layout_independent(chunks, job.model, t.seed)
