@@ -56,20 +56,23 @@ def _field(key: str, value: str = _V) -> str:
     return rf"(?:{_SKIP}[ \t]*{key}{value})?"
 
 
-_ITERATION_BODY = (
-    r"iteration[ \t]+([0-9]+)[ \t]*/[ \t]*([0-9]+)[ \t]*\|"
-    + _field("consumed samples:")
-    + _field(r"elapsed time per iteration \(ms\):")
-    + _field(r"throughput per GPU \(TFLOP/s/GPU\):")
-    + _field("MFU:", r"[ \t]*([^ \t|%\n]*)%[ \t]*\|")
-    + _field("learning rate:")
-    + _field("global batch size:")
-    + _field("lm[ -]loss:")
-    + _field("loss scale:")
-    + _field("grad norm:")
-    + _field("number of skipped iterations:")
-    + _field("number of nan iterations:")
-)
+_HEAD = r"iteration[ \t]+([0-9]+)[ \t]*/[ \t]*([0-9]+)[ \t]*\|"
+_FIELDS = [  # (key, value pattern) in the order Megatron prints them
+    ("consumed samples:", _V),
+    (r"elapsed time per iteration \(ms\):", _V),
+    (r"throughput per GPU \(TFLOP/s/GPU\):", _V),
+    ("MFU:", r"[ \t]*([^ \t|%\n]*)%[ \t]*\|"),
+    ("learning rate:", _V),
+    ("global batch size:", _V),
+    ("lm[ -]loss:", _V),
+    ("loss scale:", _V),
+    ("grad norm:", _V),
+    ("number of skipped iterations:", _V),
+    ("number of nan iterations:", _V),
+]
+_ITERATION_BODY = _HEAD + "".join(_field(k, v) for k, v in _FIELDS)
+
+
 _TS = r"\[([0-9]{4}-[0-9]{2}-[0-9]{2}[ T][0-9:]{8}(?:[.,][0-9]+)?)\]"
 # Fast path: the pattern starts with a literal, so the C matcher skips ahead to each
 # "iteration" instead of trying every position; timestamps come from a second pass whose
@@ -197,6 +200,17 @@ def _to_time(values) -> pd.Series:
     return pd.to_datetime(s, format="ISO8601", errors="coerce")
 
 
+def _body_columns(text: str) -> tuple[list, int]:
+    """(columns of the body groups, candidate count) for every iteration line of ``text``.
+
+    (A strict one-layout pattern was tried as a fast path: no faster than this one, whose
+    optional fields cost little when present.)
+    """
+    rows = _BODY_RE.findall(text)
+    candidates = len(_ITERATION_CANDIDATE_RE.findall(text))
+    return (list(zip(*rows)) if rows else [() for _ in _RAW_COLUMNS[1:]]), candidates
+
+
 def parse_iteration_text(text: str, *, source: str = "", job_id: str | None = None,
                          rank: int | None = None, offsets: bool = False,
                          base_offset: int = 0) -> tuple[pd.DataFrame, int]:
@@ -206,26 +220,28 @@ def parse_iteration_text(text: str, *, source: str = "", job_id: str | None = No
     says ``iteration N/`` but yields neither (cut off, interleaved with another rank's
     output, numbers out of range) counts as skipped. Values Megatron prints as ``nan`` or
     ``inf`` stay NaN/inf: they are data (a NaN loss is an interruption cause), not errors.
+    ``offsets=True`` adds each line's byte offset (``base_offset`` + position), to order
+    rows against error and checkpoint lines; it is slower (a match object per line).
     """
     starts: list[int] = []
-    if offsets:  # slower: a match object per line, to order rows against error lines
+    if offsets:
         found = [(m.start(),) + m.groups() for m in _BODY_RE.finditer(text)]
         starts = [f[0] for f in found]
-        rows = [f[1:] for f in found]
+        body = list(zip(*[f[1:] for f in found])) if found else [() for _ in _RAW_COLUMNS[1:]]
+        candidates = len(_ITERATION_CANDIDATE_RE.findall(text))
     else:
-        rows = _BODY_RE.findall(text)
-    stamps = _TS_RE.findall(text) if rows and "[" in text else []
-    if len(stamps) == len(rows):
-        cols = [stamps] + list(zip(*rows)) if rows else [[] for _ in _RAW_COLUMNS]
+        body, candidates = _body_columns(text)
+    n = len(body[0])
+    stamps = _TS_RE.findall(text) if n and "[" in text else []
+    if len(stamps) == n:
+        cols = [stamps] + body
     elif not stamps:
-        cols = [[""] * len(rows)] + list(zip(*rows))
+        cols = [("",) * n] + body
     else:  # some lines with, some without a timestamp: match line by line
         found = [(m.start(),) + m.groups() for m in _ITERATION_RE.finditer(text)]
         starts = [f[0] for f in found]
-        rows = [f[1:] for f in found]
-        cols = list(zip(*rows)) if rows else [[] for _ in _RAW_COLUMNS]
-    candidates = len(_ITERATION_CANDIDATE_RE.findall(text))
-    n = len(rows)
+        cols = list(zip(*[f[1:] for f in found])) if found else [() for _ in _RAW_COLUMNS]
+        n = len(cols[0])
     df = pd.DataFrame(
         {
             "source": np.full(n, source, dtype=object),
