@@ -37,7 +37,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from recovery.storage import HASH_NAME, LocalStorage
 
@@ -119,6 +119,32 @@ def restore_set_aside(root: Path, *, storage: Optional[LocalStorage] = None) -> 
     return restored
 
 
+def seal_files(
+    directory: Path,
+    rel_files: Sequence[str],
+    *,
+    storage: Optional[LocalStorage] = None,
+    threads: int = 4,
+) -> dict[str, tuple[int, str]]:
+    """fsync and hash ``rel_files`` under ``directory``: {rel: (size, BLAKE2b hex)}.
+
+    Rank 0 calls it (through :func:`commit`) for the files nobody sealed; any rank may call
+    it for the shards it wrote, and pass the gathered result to :func:`commit` as ``digests``.
+    hashlib releases the GIL, so ``threads`` files are hashed in parallel.
+    """
+    st = storage or LocalStorage()
+    directory = Path(directory)
+
+    def seal(rel: str) -> tuple[str, int, str]:
+        p = directory / rel
+        st.fsync_file(p)
+        n, digest = st.digest(p)
+        return rel, n, digest
+
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        return {rel: (n, d) for rel, n, d in pool.map(seal, list(rel_files))}
+
+
 def build_manifest(step: int, meta: dict, files: dict, now: float) -> dict:
     """The manifest document (kept separate so resume and tests share one definition)."""
     return {
@@ -152,12 +178,19 @@ def commit(
     clock: Callable[[], float] = time.monotonic,
     wall_clock: Callable[[], float] = time.time,
     hash_threads: int = 4,
+    digests: Optional[Mapping[str, tuple[int, str]]] = None,
 ) -> CommitResult:
     """Rank 0, after every rank finished writing into :func:`staging_path`: make it durable.
 
     ``meta`` goes into the manifest verbatim (JSON-serialisable): the worker puts the
     training state summary there (layout, optimizer type, consumed samples, ...), so resume
     can refuse an incompatible checkpoint without opening the shards. ``keep`` >= 1.
+
+    ``digests`` ({relative path: (size, hex digest)}) are files the ranks that wrote them
+    already sealed with :func:`seal_files` (fsynced and hashed while still in their page
+    cache) and gathered to rank 0: their size is re-checked, but rank 0 does not read them
+    again. At scale this is the difference between rank 0 re-reading the whole checkpoint
+    at one client's bandwidth on every save and each rank hashing only its own shards.
     """
     if keep < 1:
         raise ValueError(f"keep_checkpoints must be >= 1, got {keep}")
@@ -170,15 +203,16 @@ def commit(
         raise FileNotFoundError(f"no staging directory {staging}: call prepare_staging first")
 
     rel_files = [f for f in st.list_files(staging) if f != MANIFEST]
-
-    def seal(rel: str) -> tuple[str, int, str]:
-        p = staging / rel
-        st.fsync_file(p)
-        n, digest = st.digest(p)
-        return rel, n, digest
-
-    with ThreadPoolExecutor(max_workers=max(1, hash_threads)) as pool:
-        sealed = list(pool.map(seal, rel_files))
+    given = dict(digests or {})
+    unknown = sorted(set(given) - set(rel_files))
+    if unknown:
+        raise ValueError(f"digests given for files not in {staging}: {unknown[:3]}")
+    for rel, (n, _d) in given.items():
+        if st.size(staging / rel) != n:
+            raise ValueError(f"{rel} changed after it was sealed: {st.size(staging / rel)} bytes, sealed at {n}")
+    sealed_here = seal_files(staging, [f for f in rel_files if f not in given], storage=st, threads=hash_threads)
+    sealed_all = {**given, **sealed_here}
+    sealed = [(rel, sealed_all[rel][0], sealed_all[rel][1]) for rel in rel_files]
     files = {rel: {"size": n, "blake2b": d} for rel, n, d in sealed}
     for d in st.list_subdirs(staging):
         st.fsync_dir(d)

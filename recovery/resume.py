@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -44,11 +45,18 @@ class Resume:
     latest_hint: Optional[str] = None  # what the `latest` file said (may disagree; it is only a hint)
 
 
-def verify(path: Path, *, storage: Optional[LocalStorage] = None, deep: bool = True) -> Optional[str]:
+def verify(
+    path: Path,
+    *,
+    storage: Optional[LocalStorage] = None,
+    deep: bool = True,
+    threads: int = 4,
+) -> Optional[str]:
     """None if ``path`` is a complete, intact checkpoint; otherwise the reason it is not.
 
     ``deep=False`` checks the manifest and file sizes only (cheap: used by the prune);
-    ``deep=True`` also re-hashes every file (a full read; used before loading).
+    ``deep=True`` also re-hashes every file (a full read, ``threads`` files at a time; used
+    before loading).
     """
     st = storage or LocalStorage()
     path = Path(path)
@@ -90,13 +98,20 @@ def verify(path: Path, *, storage: Optional[LocalStorage] = None, deep: bool = T
         if size != entry.get("size"):
             return f"size mismatch {rel}: {size} bytes on disk, {entry.get('size')} in manifest"
     if deep:
-        for rel in sorted(files):
+        def check(rel: str) -> Optional[str]:
             try:
                 _n, digest = st.digest(path / rel)
             except OSError as e:
                 return f"cannot read {rel}: {e}"
-            if digest != files[rel].get("blake2b"):
-                return f"checksum mismatch {rel}: blake2b {digest[:16]}... != manifest {str(files[rel].get('blake2b'))[:16]}..."
+            want = str(files[rel].get("blake2b"))
+            if digest != want:
+                return f"checksum mismatch {rel}: blake2b {digest[:16]}... != manifest {want[:16]}..."
+            return None
+
+        with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+            for reason in pool.map(check, sorted(files)):
+                if reason:
+                    return reason
     return None
 
 

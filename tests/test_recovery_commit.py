@@ -275,3 +275,48 @@ def test_fault_harness_byte_flip_is_caught_by_verification(tmp_path):
     assert flip_byte_in_latest(tmp_path / "none") is None
     with pytest.raises(ValueError, match="kind"):
         Fault("reboot")
+
+
+class CountingStorage(LocalStorage):
+    """The real storage, recording which files get read for hashing."""
+
+    def __init__(self):
+        self.hashed: list[str] = []
+
+    def digest(self, path):
+        self.hashed.append(Path(path).name)
+        return super().digest(path)
+
+
+def test_commit_with_digests_sealed_by_the_writing_ranks(tmp_path):
+    from recovery.commit import seal_files
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for root in (a, b):
+        d = write_shards(root, 10, payload=b"same bytes" * 100)
+        (d / "sub" / "rng.pt").write_bytes(b"fixed rng")
+    plain = commit(a, 10, {}, keep=1)
+    # ranks 0 and 1 seal their own shards; rank 0 commits and only reads the rest
+    staging = staging_path(b, 10)
+    gathered = {**seal_files(staging, ["__0_0.distcp"]), **seal_files(staging, ["__1_0.distcp"])}
+    st = CountingStorage()
+    res = commit(b, 10, {}, keep=1, digests=gathered, storage=st)
+    assert sorted(st.hashed) == ["common.pt", "rng.pt"]
+    doc_a = json.loads((plain.path / MANIFEST).read_text())["files"]
+    doc_b = json.loads((res.path / MANIFEST).read_text())["files"]
+    assert doc_a == doc_b and res.bytes == plain.bytes
+    assert verify(res.path) is None
+
+
+def test_commit_refuses_digests_that_do_not_match_the_files(tmp_path):
+    from recovery.commit import seal_files
+
+    d = write_shards(tmp_path, 10)
+    sealed = seal_files(d, ["__0_0.distcp"])
+    with open(d / "__0_0.distcp", "ab") as f:
+        f.write(b"written after sealing")
+    with pytest.raises(ValueError, match="changed after it was sealed"):
+        commit(tmp_path, 10, {}, keep=1, digests=sealed)
+    with pytest.raises(ValueError, match="not in"):
+        commit(tmp_path, 10, {}, keep=1, digests={"__7_0.distcp": (1, "00")})
+    assert find_latest_verified(tmp_path).path is None  # nothing was committed
