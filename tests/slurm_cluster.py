@@ -441,7 +441,9 @@ class Cluster:
 
     def crash_node(self, node: str) -> List[int]:
         """A node dies: SIGKILL its slurmd and every job process on it (by PID). Returns the PIDs."""
-        pids = [_pids(self.lay)[f"slurmd-{node}"]] + job_processes(self.lay, node)
+        slurmd = _pids(self.lay)[f"slurmd-{node}"]
+        assert _environ(slurmd).get("SLURM_CONF") == str(self.lay.slurm_conf), f"slurmd of {node} is not running"
+        pids = [slurmd] + job_processes(self.lay, node)
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -592,7 +594,11 @@ def _pids(lay: Layout) -> Dict[str, int]:
     return out
 
 
-def _stop_pids(pids: List[int], timeout: float = 10) -> None:
+def _stop_pids(pids: List[int], timeout: float = 10, conf: Optional[Path] = None) -> None:
+    """SIGTERM, wait, SIGKILL. With ``conf``, only PIDs whose environment names this cluster's
+    SLURM_CONF: a stale pid file must not kill whatever process reuses the number now."""
+    if conf is not None:
+        pids = [p for p in pids if _environ(p).get("SLURM_CONF") == str(conf)]
     for pid in pids:
         try:
             os.kill(pid, signal.SIGTERM)
@@ -617,12 +623,13 @@ def stop(root: Path) -> None:
     pids = _pids(lay)
     if "slurmctld" in pids and _alive(pids["slurmctld"]):
         _run(["scancel", "--full", "--user=root"], timeout=15, env={**os.environ, "SLURM_CONF": str(lay.slurm_conf)})
-    _stop_pids([p for n, p in pids.items() if n.startswith("slurmd-")])
+    conf = lay.slurm_conf
+    _stop_pids([p for n, p in pids.items() if n.startswith("slurmd-")], conf=conf)
     # whatever the scancel left (steps of a node whose slurmd was killed): end them by PID
     _stop_pids(job_processes(lay), timeout=5)
     for name in ("slurmctld", "slurmdbd", "mariadbd", "munged"):
         if name in pids:
-            _stop_pids([pids[name]], timeout=15)
+            _stop_pids([pids[name]], timeout=15, conf=conf)
     for f in lay.pids.glob("*.pid"):
         f.unlink()
     if (lay.etc / "hosts_line").exists():
