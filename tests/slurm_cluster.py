@@ -265,18 +265,21 @@ def ensure_packages(run: Runner = _run) -> None:
         raise RuntimeError(f"still missing after apt-get: {missing_binaries()}")
 
 
-def free_ports(n: int) -> List[int]:
-    """Distinct free loopback ports (held open together so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
+def free_ports(n: int, low: int = 12000, high: int = 20000) -> List[int]:
+    """Distinct free loopback ports below the ephemeral range (and below the job-id-derived
+    MASTER_PORTs at 20000+): on a busy machine a port picked from the ephemeral range can be
+    taken by some outgoing connection before the daemon binds it."""
+    rng, out = random.SystemRandom(), []
+    for port in rng.sample(range(low, high), high - low):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        out.append(port)
+        if len(out) == n:
+            return out
+    raise RuntimeError(f"fewer than {n} free ports in {low}-{high}")
 
 
 def _spawn(lay: Layout, name: str, cmd: List[str], env: Dict[str, str], cwd: Path) -> int:
@@ -301,13 +304,17 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _reap() -> None:
-    """Collect exited children (daemons spawned by this process) so they are not zombies."""
-    try:
-        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+def _reap(pids: List[int]) -> None:
+    """Collect those of ``pids`` that are our exited children, so they are not zombies.
+
+    Only these PIDs: a ``waitpid(-1)`` would also take the exit status of some other thread's
+    ``subprocess.run`` child (which then reads as 0).
+    """
+    for pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
             pass
-    except ChildProcessError:
-        pass
 
 
 def wait_until(pred: Callable[[], bool], timeout: float, what: str, interval: float = 0.3) -> None:
@@ -449,7 +456,7 @@ class Cluster:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        _reap()
+        _reap(pids)
         return pids
 
     def restart_slurmd(self, node: str) -> int:
@@ -515,12 +522,21 @@ def start(root: Path, spec: ClusterSpec = ClusterSpec(), timeout: float = 90) ->
         for n in spec.node_names:
             (root / "spool" / n).mkdir(exist_ok=True)
             _spawn(lay, f"slurmd-{n}", ["slurmd", "-D", "-N", n], env, root)
-        wait_until(lambda: _all_idle(cluster), timeout, "all nodes idle in sinfo", interval=1)
+        wait_until(lambda: _all_idle(cluster) or _dead(lay), timeout, "all nodes idle in sinfo", interval=1)
+        if _dead(lay):
+            raise RuntimeError(f"daemons exited: {_dead(lay)}")
     except BaseException as e:
         print(cluster.diagnostics(), file=sys.stderr)
         stop(root)
         raise RuntimeError(f"local Slurm cluster failed to start: {e}") from e
     return cluster
+
+
+def _dead(lay: Layout) -> List[str]:
+    """Daemons of this cluster that have exited (a start-up failure shows in their log)."""
+    pids = _pids(lay)
+    _reap(list(pids.values()))
+    return sorted(name for name, pid in pids.items() if not _alive(pid))
 
 
 def _all_idle(cluster: Cluster) -> bool:
@@ -606,7 +622,7 @@ def _stop_pids(pids: List[int], timeout: float = 10, conf: Optional[Path] = None
             pass
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        _reap()
+        _reap(pids)
         time.sleep(0.2)
     for pid in pids:
         if _alive(pid):
@@ -614,7 +630,7 @@ def _stop_pids(pids: List[int], timeout: float = 10, conf: Optional[Path] = None
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-    _reap()
+    _reap(pids)
 
 
 def stop(root: Path) -> None:
