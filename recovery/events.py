@@ -9,16 +9,18 @@ Every record has ``time`` (unix seconds, float), ``event`` (a kind below), ``job
 ==================  ==============================================================
 event               extra fields
 ==================  ==============================================================
-job_start           world_size, layout {tp,pp,vpp,cp,ep,dp}, train_iters
-resume              step, checkpoint, consumed_samples, from_layout
+job_start           world_size, layout {tp,pp,vpp,cp,ep,dp}, train_iters, nodes, source (slurm|torchrun)
+resume              step, checkpoint, consumed_samples, from_layout, seconds (load time)
 resume_fallback     skipped (path), reason  -- a torn/corrupt checkpoint was passed over
 signal              signal (name), step
 checkpoint_saved    step, path, seconds, bytes, reason (interval|signal|final)
 checkpoint_interval interval, reasoning (Young/Daly)
 requeue             method (scontrol|exit_code), step, signal, job_id_requeued, detail
-stop                reason (zero_progress|max_restarts|crash|...), code, detail
+stop                reason (zero_progress|max_restarts|crash|optimizer_mismatch|...), code, detail
 exit                reason (completed|requeue|signal|error), code, step
 train_end           step, consumed_samples
+iteration           step, loss, grad_norm, lr (repr of the float: exact), consumed_samples, seconds
+                    -- every training.log_interval steps, like the log line
 ==================  ==============================================================
 """
 from __future__ import annotations
