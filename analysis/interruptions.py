@@ -102,6 +102,23 @@ def _place_by_offset(rows: pd.DataFrame, iters: pd.DataFrame) -> pd.Series:
     return att
 
 
+def _place_by_marker(rows: pd.DataFrame) -> pd.DataFrame:
+    """In a file with attempt banners (the batch log), a row belongs to the banner before it."""
+    mk = rows[rows["kind"] == "attempt_start"]
+    if mk.empty:
+        return rows
+    rows = rows.copy()
+    for src, grp in rows.groupby("source"):
+        m = mk[mk["source"] == src].sort_values("offset")
+        if m.empty:
+            continue
+        pos = np.searchsorted(m["offset"].to_numpy(), grp["offset"].to_numpy(), side="right") - 1
+        restart = pd.to_numeric(m["detail"], errors="coerce").to_numpy()
+        att = [restart[p] if p >= 0 else np.nan for p in pos]
+        rows.loc[grp.index, "attempt"] = pd.array(att, dtype="Float64").astype("Int64")
+    return rows
+
+
 def _place_by_time(rows: pd.DataFrame, win: pd.DataFrame) -> pd.DataFrame:
     """Attempt of timed rows (a stamped error line, Slurm's cancel time) from the windows.
 
@@ -192,6 +209,7 @@ def build_attempts(
     if not sg.empty:
         sg["job"] = [job_key(j, s)[0] for j, s in zip(sg["job_id"], sg["source"])]
         sg["attempt"] = _place_by_offset(sg, it)
+        sg = _place_by_marker(sg)
         sg = _place_by_time(sg, win)
     ck = ckpts.copy()
     if not ck.empty:
@@ -251,6 +269,10 @@ def build_attempts(
                 if "USR2" in sig:  # slurmtron's --signal=USR2@lead warning (recovery/signals.py)
                     add(r.job, r.attempt, "time_limit",
                         f"event signal {sig} (time-limit warning, or a graceful scancel --signal=USR2)")
+                elif sig == "SIGTERM" and _requeued(att, r.job, r.attempt):
+                    # SIGTERM is preemption or scancel (recovery/policy.py); a scancelled job
+                    # is not requeued (sacct CANCELLED), a preempted one comes back
+                    add(r.job, r.attempt, "preemption", "event signal SIGTERM, then requeued (preemption)")
             elif r.event == "stop" and str(getattr(r, "reason", "")) == "crash":
                 add(r.job, r.attempt, "unknown", "event stop crash")
             elif r.event == "exit" and str(getattr(r, "reason", "")) == "error":
@@ -298,6 +320,15 @@ def build_attempts(
     att["resumed_from"] = pd.array(resumed, dtype="Int64")
     att["checkpoint_s"] = ckpt_col
     return att[ATTEMPT_COLUMNS], it
+
+
+def _requeued(att: pd.DataFrame, job: str, attempt) -> bool:
+    """The attempt was followed by another one of the same job and Slurm did not record a cancel."""
+    a = att[att["job"] == job]
+    row = a[a["attempt"] == attempt]
+    if row.empty or str(row["state"].iloc[0]) == "CANCELLED":
+        return False
+    return bool((a["attempt"] > attempt).any()) or str(row["state"].iloc[0]) in ("REQUEUED", "PREEMPTED")
 
 
 def _last_attempt(att: pd.DataFrame, job: str):

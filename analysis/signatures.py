@@ -43,12 +43,13 @@ def slurm_reason_cause(reason: str | None) -> str:
     """Cause for the ``DUE TO ...`` text of a slurmstepd cancel line (None: user cancel)."""
     if reason is None or reason == "":
         return "user_cancel"
-    return _SLURM_REASONS.get(reason.strip().upper(), "unknown")
+    r = reason.strip().upper()  # e.g. "NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS"
+    return next((c for k, c in _SLURM_REASONS.items() if r.startswith(k)), "unknown")
 
 
 _SIGNATURE_RE = re.compile(
     r"(?P<cancel>\*\*\* (?P<scope>JOB|STEP) (?P<sjob>[0-9][0-9_.+A-Za-z]*) ON (?P<host>[^ \t\n]+) "
-    r"CANCELLED AT (?P<at>[0-9T:\-]+)(?: DUE (?i:to) (?P<reason>[A-Za-z_][A-Za-z_ ]*?))? ?\*\*\*)"
+    r"CANCELLED AT (?P<at>[0-9T:\-]+)(?: DUE (?i:to) (?P<reason>[^*\n]*?))? ?\*\*\*)"
     r"|(?P<nccl>Watchdog caught collective operation timeout[^\n]{0,200}"
     r"|ProcessGroupNCCL[^\n]{0,80}?(?:[Tt]imeout|timed out|watchdog)[^\n]{0,120}"
     r"|NCCL (?:communicator was aborted|watchdog thread terminated|timeout)[^\n]{0,120})"
@@ -59,6 +60,7 @@ _SIGNATURE_RE = re.compile(
     r"|Unexpected result (?:nan|inf)[^\n]{0,80}"
     r"|(?:lm loss|lm-loss|grad norm): [-+]?(?i:nan|inf)\b)"
     r"|(?P<nodefail>srun: error: Node failure on [^\n]{0,80})"
+    r"|(?P<marker>slurmtron: job (?P<mjob>[0-9_]+) restart (?P<restart>[0-9]+))"
     r"|(?P<signal>received signal (?:SIG)?[A-Z0-9]+|Main process received SIG[A-Z]+[^\n]{0,60}"
     r"|Killing subprocess [0-9]+)"
 )
@@ -90,6 +92,7 @@ _LITERALS = (
     "CANCELLED AT", "Watchdog caught", "ProcessGroupNCCL", "NCCL comm", "NCCL watchdog", "NCCL timeout",
     "out of memory", "OutOfMemoryError", "oom", "NVRM: Xid", "found ", " detected", "Unexpected result",
     ": nan", ": inf", ": -nan", ": -inf", ": +nan", ": NaN", ": Inf", "Node failure", "received ", "Killing subprocess",
+    "slurmtron: job",
 )
 
 
@@ -112,7 +115,9 @@ def parse_signature_text(text: str, *, source: str = "", job_id: str | None = No
                          base_offset: int = 0) -> tuple[pd.DataFrame, int]:
     """Every error signature in ``text``, in file order, with its cause; ``skipped`` is 0.
 
-    ``kind`` is one of slurm_cancel, nccl_timeout, oom, xid, nan, node_failure, signal.
+    ``kind`` is one of slurm_cancel, slurm_step_cancel, nccl_timeout, oom, xid, nan,
+    node_failure, signal, attempt_start (slurmtron's batch-script banner; ``detail`` holds
+    the restart count, so the lines after it belong to that attempt).
     ``cause`` is None for ``signal`` rows (a SIGTERM is a consequence, not a cause).
     ``at`` is the cancel time Slurm printed, or the time at the start of the hit's line
     (naive local time); ``at_md`` keeps a year-less glog time (``"1129 10:19:00"``) for
@@ -125,8 +130,14 @@ def parse_signature_text(text: str, *, source: str = "", job_id: str | None = No
         detail = m.group(0)[:240]
         if g["cancel"]:
             scope = g["scope"]
+            # a step cancelled without a reason is how every requeue (ours included) ends a step:
+            # only the job-level line says "plain scancel"
+            cause = slurm_reason_cause(g["reason"]) if scope == "JOB" or g["reason"] else None
             recs.append((source, job_id, off, "slurm_cancel" if scope == "JOB" else "slurm_step_cancel",
-                         slurm_reason_cause(g["reason"]), detail, g["sjob"], g["host"], g["at"], None))
+                         cause, detail, g["sjob"], g["host"], g["at"], None))
+            continue
+        if g["marker"]:  # the batch script's "slurmtron: job J restart K": later lines are attempt K
+            recs.append((source, job_id, off, "attempt_start", None, g["restart"], g["mjob"], None, None, None))
             continue
         at, md = _line_time(text, m.start())
         for kind in ("nccl_timeout", "oom", "xid", "nan", "node_failure"):

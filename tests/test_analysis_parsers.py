@@ -150,10 +150,17 @@ def test_error_signatures_and_causes():
         "NVRM: Xid (PCI:0000:3b:00): 79, pid=123, GPU has fallen off the bus.",
         "found NaN in local grad norm in backward pass",
         "Main process received SIGTERM, exiting",
+        "slurmstepd-stn1: error: *** JOB 80 ON stn1 CANCELLED AT 2026-11-29T10:44:54 DUE TO NODE FAILURE, SEE "
+        "SLURMCTLD LOG FOR DETAILS ***",
+        "slurmstepd-stn1: error: *** STEP 80.0 ON stn1 CANCELLED AT 2026-11-29T10:43:11 ***",
+        "slurmstepd-stn1: error: *** JOB 80 ON stn1 CANCELLED AT 2026-11-29T10:43:17 DUE TO JOB REQUEUE ***",
+        "slurmtron: job 80 restart 2 on stn[3-4] run /scratch/runs/x",
     ])
     df, _ = parse_signature_text(text)
-    assert [c if isinstance(c, str) else None for c in df["cause"]] == ["preemption", "node_failure", "user_cancel", "nccl_timeout", "oom", "xid",
-                                    "nan", None]
+    assert [c if isinstance(c, str) else None for c in df["cause"]] == [
+        "preemption", "node_failure", "user_cancel", "nccl_timeout", "oom", "xid", "nan", None,
+        "node_failure", None, "unknown", None]  # a step cancelled without a reason is what a requeue does
+    assert df["kind"].iloc[-1] == "attempt_start" and df["detail"].iloc[-1] == "2"
     assert df["at"].iloc[0] == pd.Timestamp("2026-11-29 10:00:00")
     assert df["slurm_job"].iloc[1] == "78" and df["host"].iloc[1] == "n2"
 

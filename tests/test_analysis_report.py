@@ -254,7 +254,10 @@ def test_report_names_the_real_slurm_interruptions(tmp_path):
     assert main([str(SLURM_RUN), "--out", str(out)]) == 0
     intr = pd.read_csv(out / "interruptions.csv")
     assert intr["cause"].tolist() == ["preemption", "node_failure"]
-    assert intr["resumed_from"].iloc[1] == 10
+    assert intr["resumed_from"].tolist() == [6, 10]  # the SIGTERM checkpoint, the step-10 interval one
+    assert intr["last_step"].iloc[1] > 10 and intr["steps_lost"].iloc[1] == intr["last_step"].iloc[1] - 10
+    # the batch log's "Node failure" line is placed in attempt 1 by the banner before it
+    assert "node_failure" in intr["evidence"].iloc[1].replace("sacct NODE_FAIL", "")
     s = json.loads((out / "summary.json").read_text())
     assert s["counts_by_cause"] == {"preemption": 1, "node_failure": 1}
     assert 0 < s["goodput"] < 1
