@@ -22,6 +22,7 @@ import os
 import re
 from typing import Any, Callable, Iterable, Optional
 
+from launch import vocab
 from launch.config import Job
 from launch.problems import Problem
 
@@ -40,9 +41,8 @@ _SBATCH_KEY = re.compile(r"^[a-z][a-z0-9-]*$")
 
 
 def padded_vocab_size(job: Job) -> int:
-    """Megatron pads the vocabulary to a multiple of ``make_vocab_size_divisible_by * tp``."""
-    multiple = max(1, job.model.make_vocab_size_divisible_by) * max(1, job.parallelism.tp)
-    return math.ceil(job.model.vocab_size / multiple) * multiple
+    """The vocabulary the worker builds: a multiple of lcm(make_vocab_size_divisible_by, tp) (launch/vocab.py)."""
+    return vocab.padded_vocab_size(job.model.vocab_size, job.model.make_vocab_size_divisible_by, job.parallelism.tp)
 
 
 def notes(job: Job) -> list[str]:
@@ -50,11 +50,11 @@ def notes(job: Job) -> list[str]:
     out = []
     padded = padded_vocab_size(job)
     if padded != job.model.vocab_size:
-        multiple = job.model.make_vocab_size_divisible_by * job.parallelism.tp
+        multiple = vocab.padding_multiple(job.model.make_vocab_size_divisible_by, job.parallelism.tp)
         out.append(
             f"model.vocab_size {job.model.vocab_size} is padded to {padded} "
-            f"(ceil({job.model.vocab_size} / (make_vocab_size_divisible_by {job.model.make_vocab_size_divisible_by}"
-            f" * tp {job.parallelism.tp})) * {multiple}; {padded - job.model.vocab_size} unused rows)"
+            f"(ceil({job.model.vocab_size} / lcm(make_vocab_size_divisible_by {job.model.make_vocab_size_divisible_by}"
+            f", tp {job.parallelism.tp}) = {multiple}) * {multiple}; {padded - job.model.vocab_size} unused rows)"
         )
     if job.dp >= 1 and job.training.micro_batch_size >= 1:
         out.append(

@@ -28,17 +28,15 @@ import torch.nn.functional as F
 from megatron.core import parallel_state
 from megatron.core.transformer.transformer_config import TransformerConfig
 
+from launch import vocab
 from launch.config import ModelConfig, ParallelismConfig, TrainingConfig
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def padded_vocab_size(model: ModelConfig, tp: int) -> int:
-    """Vocabulary padded to a multiple of ``make_vocab_size_divisible_by`` and of ``tp``."""
-    multiple = model.make_vocab_size_divisible_by
-    if multiple % tp:
-        multiple = multiple * tp // math.gcd(multiple, tp)
-    return int(math.ceil(model.vocab_size / multiple) * multiple)
+    """Vocabulary padded to a multiple of lcm(make_vocab_size_divisible_by, tp): see launch/vocab.py."""
+    return vocab.padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, tp)
 
 
 def params_dtype(training: TrainingConfig) -> torch.dtype:

@@ -156,8 +156,10 @@ def test_indexed_dataset_on_an_invisible_filesystem_is_not_refused():
 
 def test_vocab_padding_is_reported_with_its_arithmetic():
     job = compose_job(LUSTRE_30B)
-    assert padded_vocab_size(job) == 32256  # ceil(32000 / 512) * 512
-    assert any("padded to 32256" in n for n in notes(job))
+    assert padded_vocab_size(job) == 32000  # 32000 is already a multiple of lcm(128, tp 4) = 128
+    odd = compose_job(LUSTRE_30B + ["model.vocab_size=50257"])
+    assert padded_vocab_size(odd) == 50304  # ceil(50257 / 128) * 128, the same under every tp that divides 128
+    assert any("padded to 50304" in n and "lcm" in n for n in notes(odd))
 
 
 class RecordingRunner:

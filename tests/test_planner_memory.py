@@ -172,7 +172,8 @@ def test_worst_stage_is_the_max_over_all_stages():
 
 
 def test_refuses_a_layout_that_does_not_fit_with_the_breakdown():
-    j = compose_job(["model=405b", "cluster=lustre", "cluster.nodes=2048"])  # the recipe: tp8 pp8 vpp2, 8k, no cp
+    # tp8 pp8 vpp2 without cp: 8 microbatches of 8k tokens in flight do not fit 80 GB
+    j = compose_job(["model=405b", "cluster=lustre", "cluster.nodes=2048", "parallelism.vpp=2", "parallelism.cp=1"])
     problems = memory_problems(j)
     assert len(problems) == 1
     text = str(problems[0])
@@ -184,6 +185,7 @@ def test_refuses_a_layout_that_does_not_fit_with_the_breakdown():
 
 def test_accepts_a_layout_that_fits_and_ignores_cpu():
     assert memory_problems(compose_job(["model=70b", "cluster=lustre"])) == []
+    assert memory_problems(compose_job(["model=405b", "cluster=lustre", "cluster.nodes=2048"])) == []  # its recipe
     assert memory_problems(compose_job(["model=405b"])) == []  # cluster=local: gpu cpu
     fit = worst_stage(compose_job(["model=70b", "cluster=lustre"]))
     assert WORKSPACE_GIB < fit.total < 80

@@ -51,7 +51,7 @@ def test_auto_prints_the_ranked_layouts_then_the_chosen_estimate():
 
 
 def test_a_layout_that_does_not_fit_is_reported_as_a_problem():
-    status, text = _run("model=405b", "cluster=lustre", "cluster.nodes=2048")
+    status, text = _run("model=405b", "cluster=lustre", "cluster.nodes=2048", "parallelism.vpp=2", "parallelism.cp=1")
     assert status == 1
     assert "DOES NOT FIT" in text and "problem: parallelism" in text
 

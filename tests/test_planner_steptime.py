@@ -9,6 +9,7 @@ from analysis.flops import hardware_flops
 from launch.compose import compose_job
 from launch.config import ClusterConfig, DataConfig, Job, ModelConfig, ParallelismConfig, TrainingConfig
 from launch.planner.steptime import step_time
+from launch.vocab import padded_vocab_size
 
 # Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU Clusters Using
 # Megatron-LM" (SC'21, arXiv:2104.04473), Table 1 (weak scaling on Selene, A100 80GB): model
@@ -101,8 +102,9 @@ def test_recompute_costs_compute():
     assert none.compute_s < sel.compute_s < full.compute_s
     for st, rc in ((none, "none"), (sel, "selective"), (full, "full")):  # the one audited formula
         j = _job()
+        vocab = padded_vocab_size(j.model.vocab_size, j.model.make_vocab_size_divisible_by, 8)
         assert st.hardware_flops == pytest.approx(hardware_flops(j.model, j.training.global_batch_size, recompute=rc,
-                                                                 tp=8))
+                                                                 padded_vocab_size=vocab))
 
 
 def test_faster_network_and_gpu_mean_faster_steps():

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from analysis.flops import pad_vocab_size
+from launch import vocab as vocab_mod
 from launch.config import ModelConfig, ParallelismConfig
 
 
@@ -26,7 +26,7 @@ class Shape:
     ffn: int  # dense MLP width
     heads: int
     layers: int
-    vocab: int  # padded vocabulary (a multiple of make_vocab_size_divisible_by * tp)
+    vocab: int  # padded vocabulary (a multiple of lcm(make_vocab_size_divisible_by, tp), launch/vocab.py)
     seq: int
     attn_params: int  # per layer: QKV + output projection (+ biases)
     dense_mlp_params: int  # per layer, dense models (0 for MoE layers)
@@ -53,7 +53,7 @@ class Shape:
 
 
 def shape_of(model: ModelConfig, tp: int = 1) -> Shape:
-    """Count the parameters of ``model`` with the vocabulary padded for ``tp`` (as Megatron does)."""
+    """Count the parameters of ``model`` with the vocabulary padded for ``tp`` (launch/vocab.py: the same in every layout)."""
     h = model.hidden_size
     heads = model.num_attention_heads
     d = model.kv_channels or h // heads
@@ -69,7 +69,7 @@ def shape_of(model: ModelConfig, tp: int = 1) -> Shape:
     norm = h if model.normalization == "RMSNorm" else 2 * h
     experts = model.num_experts or 0
     moe_ffn = model.moe_ffn_hidden_size or model.ffn_hidden_size
-    vocab = pad_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, tp)
+    vocab = vocab_mod.padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, tp)
     tied = not model.untie_embeddings_and_output_weights
     positions = (model.max_position_embeddings or model.seq_length) if model.position_embedding_type == "learned_absolute" else 0
     return Shape(
