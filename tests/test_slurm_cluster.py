@@ -67,10 +67,11 @@ def test_scheduler_accepts_a_fitting_script_and_refuses_a_larger_one(slurm_clust
     assert ok.returncode == 0, ok.stderr
     assert "to start at" in ok.stderr
     nodes = slurm_cluster.spec.nodes
-    for extra in (["--gpus-per-node=9"], [f"--nodes={nodes + 1}"]):
-        bad = slurm_cluster.run("sbatch", "--test-only", *extra, str(script), check=False)
+    for extra, why in (("--gpus-per-node=9", "Requested node configuration is not available"),
+                       (f"--nodes={nodes + 1}", "Node count specification invalid")):
+        bad = slurm_cluster.run("sbatch", "--test-only", extra, str(script), check=False)
         assert bad.returncode != 0, f"{extra} was accepted: {bad.stderr}"
-        assert "Requested node configuration is not available" in bad.stderr
+        assert why in bad.stderr
 
 
 def test_hosts_line_is_added_once_and_removed() -> None:
