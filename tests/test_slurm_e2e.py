@@ -33,7 +33,7 @@ ITERS = 20  # the tiny recipe: 20 steps, checkpoint every 10
 SLEEP = "+cluster.env.SLURMTRON_TEST_STEP_SLEEP_S"  # worker test hook: seconds slept per step
 TRAIN_TIMEOUT = 300  # one scenario, start to finish, on a loaded 2-core machine
 
-pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(1500)]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -235,21 +235,36 @@ def sweep(cluster: Cluster, d: Path) -> Dict[str, object]:
     return {"res": res, "took": took, "registry": registry, "entries": entries, "live": live, "ended": ended}
 
 
-SCENARIOS: Dict[str, Callable[[Cluster, Path], object]] = {  # longest first: the pool runs two at a time
-    "time_limit": time_limit,
+SCENARIOS: Dict[str, Callable[[Cluster, Path], object]] = {  # two at a time, in this order
+    "completes": completes,  # first: the time-limit test compares against its losses
+    "time_limit": time_limit,  # the longest (a 3-minute slice, then the rerun)
     "crash_loop": crash_loop,
     "node_crash": node_crash,
     "preemption": preemption,
     "node_down": node_down,
-    "completes": completes,
     "sweep": sweep,
 }
 
 
+NEEDS = {  # test -> the scenarios it reads; only those of the selected tests run (-k works)
+    "test_completes": ["completes"],
+    "test_time_limit_warning_requeues_and_resumes_with_equal_losses": ["time_limit", "completes"],
+    "test_node_set_down_is_node_fail_then_resume_from_last_checkpoint": ["node_down"],
+    "test_node_crash_is_node_fail_then_resume_from_last_checkpoint": ["node_crash"],
+    "test_preemption_sigterm_checkpoint_within_grace_then_resume": ["preemption"],
+    "test_deterministic_crash_loop_is_stopped_by_the_zero_progress_guard": ["crash_loop"],
+    "test_sweep_skips_invalid_layout_submits_the_rest_and_detaches": ["sweep"],
+}
+
+
 @pytest.fixture(scope="module")
-def scenarios(slurm_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Future]]:
+def scenarios(request: pytest.FixtureRequest, slurm_cluster: Cluster,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Future]]:
+    selected = {item.name for item in request.session.items if item.module is request.module}
+    wanted = {name for test in selected for name in NEEDS.get(test, [])}
     pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="scenario")
-    futures = {name: pool.submit(fn, slurm_cluster, tmp_path_factory.mktemp(name)) for name, fn in SCENARIOS.items()}
+    futures = {name: pool.submit(fn, slurm_cluster, tmp_path_factory.mktemp(name))
+               for name, fn in SCENARIOS.items() if name in wanted}
     try:
         yield futures
     finally:
@@ -257,7 +272,7 @@ def scenarios(slurm_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) 
 
 
 def result(scenarios: Dict[str, Future], name: str) -> Run:
-    return scenarios[name].result(timeout=3 * TRAIN_TIMEOUT)
+    return scenarios[name].result(timeout=4 * TRAIN_TIMEOUT)
 
 
 # ----------------------------------------------------------------------------- tests
@@ -387,7 +402,7 @@ def test_deterministic_crash_loop_is_stopped_by_the_zero_progress_guard(scenario
 
 
 def test_sweep_skips_invalid_layout_submits_the_rest_and_detaches(scenarios: Dict[str, Future]) -> None:
-    out = scenarios["sweep"].result(timeout=3 * TRAIN_TIMEOUT)
+    out = scenarios["sweep"].result(timeout=4 * TRAIN_TIMEOUT)
     res = out["res"]
     assert res.returncode == 0, f"{res.stdout}\n{res.stderr}"
     assert len(out["registry"]) == 1, out["registry"]
