@@ -198,6 +198,21 @@ def preemption(cluster: Cluster, d: Path) -> Run:
     return run
 
 
+def preempted_at_start(cluster: Cluster, d: Path) -> Run:
+    """Preempted before its first step (big models spend minutes building): requeue, complete.
+
+    The trigger is rank 0's start record (progress.json): every rank has installed its
+    signal handlers by then (they do so before the process group forms).
+    """
+    run = submit(cluster, d / "earlypreempt", "parallelism=tp2", "run.time_limit_min=10")
+    wait_until(lambda: (run.dir / "progress.json").exists(), TRAIN_TIMEOUT, f"job {run.job_id} to start", interval=0.5)
+    node = other_node(cluster, run)
+    urgent = cluster.run("sbatch", "--parsable", "-p", cluster.spec.urgent_partition, "-w", node, "--exclusive",
+                         "-J", "urgent", f"--chdir={d}", f"--output={d}/urgent_%j.out", "--wrap", "sleep 5")
+    run.seen["preemptor"] = urgent.stdout.strip()
+    return finish(cluster, run)
+
+
 def crash_loop(cluster: Cluster, d: Path) -> Run:
     """training.fail_at_iter=3 on a run whose batch script requeues itself after a crash.
 
@@ -241,6 +256,7 @@ SCENARIOS: Dict[str, Callable[[Cluster, Path], object]] = {  # two at a time, in
     "crash_loop": crash_loop,
     "node_crash": node_crash,
     "preemption": preemption,
+    "preempted_at_start": preempted_at_start,
     "node_down": node_down,
     "sweep": sweep,
 }
@@ -252,6 +268,7 @@ NEEDS = {  # test -> the scenarios it reads; only those of the selected tests ru
     "test_node_set_down_is_node_fail_then_resume_from_last_checkpoint": ["node_down"],
     "test_node_crash_is_node_fail_then_resume_from_last_checkpoint": ["node_crash"],
     "test_preemption_sigterm_checkpoint_within_grace_then_resume": ["preemption"],
+    "test_preemption_before_the_first_step_requeues_and_completes": ["preempted_at_start", "completes"],
     "test_deterministic_crash_loop_is_stopped_by_the_zero_progress_guard": ["crash_loop"],
     "test_sweep_skips_invalid_layout_submits_the_rest_and_detaches": ["sweep"],
 }
@@ -386,6 +403,16 @@ def test_preemption_sigterm_checkpoint_within_grace_then_resume(scenarios: Dict[
     assert [e["method"] for e in run.of("requeue")] == ["scontrol"]
     assert [(e["restart_count"], e["step"]) for e in run.of("resume")] == [(1, saved[0]["step"])]
     assert run.step_reached() == ITERS
+
+
+def test_preemption_before_the_first_step_requeues_and_completes(scenarios: Dict[str, Future]) -> None:
+    run, ref = result(scenarios, "preempted_at_start"), result(scenarios, "completes")
+    assert states(run) == ["REQUEUED", "COMPLETED"], run.logs()
+    assert run.restarts == 1
+    assert [e["signal"] for e in run.of("signal")] == ["SIGTERM"], run.logs()
+    assert run.step_reached() == ITERS, run.logs()
+    assert [e["reason"] for e in run.of("exit")] == ["requeue", "completed"], run.logs()
+    assert run.losses() == ref.losses()  # nothing trained before the stop: the same run as uninterrupted
 
 
 def test_deterministic_crash_loop_is_stopped_by_the_zero_progress_guard(scenarios: Dict[str, Future]) -> None:
