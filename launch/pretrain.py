@@ -129,6 +129,10 @@ def main(cfg: DictConfig, *, runner: Callable[..., Any] = subprocess.run, out: T
     run_dir = Path(job.run_dir).absolute()
     problems = check(job)
     problems += shape_problems(job, run_dir)
+    if not job.force:  # a failed `launch/preflight.py` of this run blocks the real submission
+        from launch.preflight_checks import preflight_problems
+
+        problems += preflight_problems(run_dir)
     if problems:
         print(format_problems(problems), file=err)
         if sweep is not None:

@@ -156,6 +156,7 @@ def shell_body(job: Job, run_dir: str | Path, code_dir: str | Path) -> tuple[lis
     command = piece("srun", {
         "srun_args": " ".join(q(a) for a in srun_args(job, run_dir)),
         "python": q(c.python),
+        "exclusion_flags": "" if c.requeue_allowed else " --no-requeue",
     })
     return setup, command
 

@@ -125,8 +125,39 @@ def main(argv: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = No
         traceback.print_exc()
         reason = "optimizer_mismatch" if type(e).__name__ == "CheckpointMismatch" else "crash"
         events.emit("stop", reason=reason, code=EXIT_CRASH, detail=f"{type(e).__name__}: {e}"[:2000])
-        events.emit("exit", reason="error", code=EXIT_CRASH, step=None)
+        code = _requeue_away_from_faulty_node(traceback.format_exc(), run_dir, env, job, events)
+        events.emit("exit", reason="error" if code == EXIT_CRASH else "requeue", code=code, step=None)
+        return code
+
+
+def _exclude_recorded_nodes(run_dir: Path, env: Mapping[str, str], job: Any, events: Any) -> None:
+    """Rank 0, right after its own ``scontrol requeue``: keep recorded bad nodes out of the next
+    attempt (Slurm accepts an ExcNodeList update only once the job is pending again)."""
+    from recovery import exclusion
+
+    hosts = exclusion.recorded_hosts(run_dir)
+    if hosts and env.get("SLURM_JOB_ID") and job.cluster.requeue_allowed:
+        r = exclusion.set_excluded(env["SLURM_JOB_ID"], hosts, exclusion.default_runner)
+        events.emit("exclude", hosts=hosts, ok=r.ok, detail=r.detail)
+
+
+def _requeue_away_from_faulty_node(text: str, run_dir: Path, env: Mapping[str, str], job: Any, events: Any) -> int:
+    """A crash that names a hardware fault of this node (ECC, Xid, NVLink, IB) records the node
+    and requeues the job without it; any other crash stays a crash (a Python error on a healthy
+    rank usually comes from a peer, and must not blame this node)."""
+    import socket
+
+    from recovery import exclusion, policy
+
+    why = exclusion.hardware_fault(text)
+    job_id = env.get("SLURM_JOB_ID")
+    if not (why and job_id and job.cluster.requeue_allowed):
         return EXIT_CRASH
+    host = env.get("SLURMD_NODENAME") or socket.gethostname()
+    policy.record_failed_node(run_dir, host, why, job_id=job_id)
+    r = exclusion.requeue_excluding(job_id, exclusion.recorded_hosts(run_dir))
+    events.emit("exclude", hosts=[host], ok=r.ok, detail=r.detail, reason=why)
+    return policy.EXIT_REQUEUE if r.ok else EXIT_CRASH
 
 
 def _quiet_known_warnings() -> None:
@@ -182,6 +213,7 @@ def _train(job, run_dir: Path, env, denv, restart: int, flag, events, cuda: bool
     from recovery import policy
     from recovery.interval import resolve_interval
     from recovery.resume import find_latest_verified
+    from recovery.signals import deferred
 
     rank, world = denv.rank, denv.world_size
     last = world - 1
@@ -250,6 +282,18 @@ def _train(job, run_dir: Path, env, denv, restart: int, flag, events, cuda: bool
     saved_steps = {state.step} if path_s else set()
 
     def save(st: train_loop.TrainState, reason: str) -> float:
+        if st.step == 0 or st.step in saved_steps:
+            # Nothing new to make durable: a step-0 checkpoint holds no optimizer state (Adam's
+            # is created by the first step) and would break the next attempt's load; a step
+            # already committed needs no second copy. A stop here requeues without saving, and
+            # the zero-progress guard counts it as a restart that made no progress.
+            log(f"no checkpoint needed at iteration {st.step} ({reason}): "
+                f"{'nothing trained yet' if st.step == 0 else 'already saved'}")
+            return 0.0
+        with deferred():  # a stop signal during the save is delivered after it (recovery/signals.py)
+            return _save(st, reason)
+
+    def _save(st: train_loop.TrainState, reason: str) -> float:
         t0 = time.monotonic()
         log(f"saving checkpoint at iteration {st.step:7d} to {rcommit.final_path(ckpt_root, st.step)}")
         if rank == 0:
@@ -313,6 +357,7 @@ def _train(job, run_dir: Path, env, denv, restart: int, flag, events, cuda: bool
         if rank == 0:
             code = policy.after_stop_save(result.signum, env, requeue_allowed=job.cluster.requeue_allowed,
                                           events=events, step=result.state.step)
+            _exclude_recorded_nodes(run_dir, env, job, events)
         code = int(_broadcast(code))
         events.emit("exit", reason="requeue", code=code, step=result.state.step)
         return code

@@ -53,3 +53,25 @@ def install_handlers(flag: StopFlag, signals: Iterable[int] = STOP_SIGNALS) -> N
 
     for s in signals:
         signal.signal(s, handler)
+
+
+class deferred:
+    """Block ``signals`` for the duration of a ``with`` block; they are delivered at its end.
+
+    A checkpoint save must not be cut by the stop request it is serving: Slurm signals every
+    process of the job step, including dist_checkpointing's writer helper, which starts as a
+    fresh interpreter with the default action (terminate) and dies with an EOFError in the
+    parent. A blocked signal stays pending (child processes inherit the mask), and the
+    handler sets the flag as soon as the save is done; the loop acts on it at the next step.
+    """
+
+    def __init__(self, signals: Iterable[int] = STOP_SIGNALS) -> None:
+        self.signals = set(signals)
+        self._old: Optional[set] = None
+
+    def __enter__(self) -> "deferred":
+        self._old = signal.pthread_sigmask(signal.SIG_BLOCK, self.signals)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        signal.pthread_sigmask(signal.SIG_SETMASK, self._old or set())

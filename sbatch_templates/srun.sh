@@ -6,6 +6,11 @@
 # --kill-on-bad-exit=1: one failed rank ends the step instead of leaving the others hanging in a
 # collective. Exit 42 from the ranks means "checkpointed, requeue me" (see recovery/).
 set +e
+# Before each attempt: learn nodes Slurm saw fail (sacct -D after a NODE_FAIL) and, if this
+# allocation holds a recorded failed node, requeue away from it (exit 42) instead of training
+# there. A check that cannot run only costs the exclusion, never the attempt.
+{{python}} -m recovery.exclusion start "$RUN_DIR"{{exclusion_flags}}
+[ $? -eq 42 ] && exit 42
 srun {{srun_args}} {{python}} -u -m launch.worker "$RUN_DIR"
 rc=$?
 set -e

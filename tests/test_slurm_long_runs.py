@@ -31,15 +31,15 @@ from recovery import policy  # noqa: E402
 from recovery.events import read_events  # noqa: E402
 from slurm_cluster import Cluster  # noqa: E402
 
-START_CHECK = 'python3 -m recovery.exclusion start "$RUN_DIR" || exit $?\n'
+START_CHECK = 'python3 -m recovery.exclusion start "$RUN_DIR"\n[ $? -eq 42 ] && exit 42\n'
 
 
 def _iterations(events: list[dict]) -> list[int]:
     return [e["step"] for e in events if e["event"] == "iteration"]
 
 
-def _submit_rendered(cluster: Cluster, run_dir: Path, overrides: list[str], env: dict, *, start_check: bool) -> str:
-    """What pretrain.py does (compose, config.yaml, render, sbatch), with the attempt-start check added."""
+def _submit_rendered(cluster: Cluster, run_dir: Path, overrides: list[str], env: dict) -> str:
+    """What pretrain.py does (compose, config.yaml, render, sbatch), with a free MASTER_PORT pinned."""
     job = compose_job(overrides)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
@@ -50,9 +50,7 @@ def _submit_rendered(cluster: Cluster, run_dir: Path, overrides: list[str], env:
     derived = "export MASTER_PORT=$((20000 + ${SLURM_JOB_ID:-0} % 40000))"
     assert script.count(derived) == 1, script
     script = script.replace(derived, f"export MASTER_PORT={free_port()}")
-    if start_check:
-        assert script.count("\nset +e\nsrun ") == 1, script
-        script = script.replace("\nset +e\nsrun ", "\n" + START_CHECK + "set +e\nsrun ")
+    assert script.count(START_CHECK) == 1, script  # the rendered attempt-start check (sbatch_templates/srun.sh)
     path = run_dir / "sbatch.sh"
     path.write_text(script)
     proc = subprocess.run(["sbatch", "--parsable", str(path)], env=env, capture_output=True, text=True, timeout=30)
@@ -84,7 +82,7 @@ def test_run_longer_than_its_time_limit_finishes_over_slices_without_lost_progre
     # checkpoint_interval=1000: only the signal saves carry progress from one slice to the next.
     # zero_progress_restarts=6: on a loaded machine a slice can spend its minute starting up;
     # this test is about slicing, not about the guard (tests/test_recovery_policy.py has that).
-    job_id = _submit_rendered(slurm_cluster, run_dir, overrides, env, start_check=False)
+    job_id = _submit_rendered(slurm_cluster, run_dir, overrides, env)
 
     final = slurm_cluster.wait_end(job_id, timeout=450)
     diag = slurm_cluster.sacct_dump(job_id) + _logs(run_dir)
@@ -113,7 +111,7 @@ def test_failed_node_is_excluded_on_the_retry(slurm_cluster: Cluster, tmp_path: 
                  "run.time_limit_min=5", "training.train_iters=12", "training.checkpoint_interval=2",
                  f"cluster.exclude='{','.join(spec.node_names[2:])}'"]
     env = {**slurm_cluster.env, "SLURMTRON_TEST_STEP_SLEEP_S": "1"}
-    job_id = _submit_rendered(slurm_cluster, run_dir, overrides, env, start_check=True)
+    job_id = _submit_rendered(slurm_cluster, run_dir, overrides, env)
 
     deadline = time.monotonic() + 150
     while not any(s >= 3 for s in _iterations(read_events(run_dir / "events.jsonl"))):

@@ -56,6 +56,11 @@ export SUBMITIT_EXECUTOR=slurm
 # --kill-on-bad-exit=1: one failed rank ends the step instead of leaving the others hanging in a
 # collective. Exit 42 from the ranks means "checkpointed, requeue me" (see recovery/).
 set +e
+# Before each attempt: learn nodes Slurm saw fail (sacct -D after a NODE_FAIL) and, if this
+# allocation holds a recorded failed node, requeue away from it (exit 42) instead of training
+# there. A check that cannot run only costs the exclusion, never the attempt.
+python -m recovery.exclusion start "$RUN_DIR" --no-requeue
+[ $? -eq 42 ] && exit 42
 srun --kill-on-bad-exit=1 --nodes=8 --ntasks-per-node=8 --cpus-per-task=16 --open-mode=append --output=/runs/golden/logs/%j_%t.out '--container-image=nvcr.io#nvidia/pytorch:24.08-py3' --container-mounts=/shared:/shared --container-workdir=/shared/slurmtron python -u -m launch.worker "$RUN_DIR"
 rc=$?
 set -e

@@ -53,6 +53,11 @@ export SUBMITIT_EXECUTOR=slurm
 # --kill-on-bad-exit=1: one failed rank ends the step instead of leaving the others hanging in a
 # collective. Exit 42 from the ranks means "checkpointed, requeue me" (see recovery/).
 set +e
+# Before each attempt: learn nodes Slurm saw fail (sacct -D after a NODE_FAIL) and, if this
+# allocation holds a recorded failed node, requeue away from it (exit 42) instead of training
+# there. A check that cannot run only costs the exclusion, never the attempt.
+python3 -m recovery.exclusion start "$RUN_DIR"
+[ $? -eq 42 ] && exit 42
 srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=2 --cpus-per-task=2 --open-mode=append --output=/runs/golden/logs/%j_%t.out python3 -u -m launch.worker "$RUN_DIR"
 rc=$?
 set -e
