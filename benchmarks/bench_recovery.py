@@ -94,7 +94,8 @@ def one_run(run_dir: Path, attempts: int, interval: int, overrides: list[str]) -
         ev = [e for e in read_events(run_dir / "events.jsonl") if e.get("restart_count") == a]
         its = [e for e in ev if e["event"] == "iteration"]
         _fault, fired_at, _detail = att.fired[0]
-        saved = [e for e in ev if e["event"] == "checkpoint_saved" and e["reason"] == "signal"][-1]
+        (sig,) = [e for e in ev if e["event"] == "signal"]
+        saved = [e for e in ev if e["event"] == "checkpoint_saved" and e["step"] == sig["step"]][-1]
         resume_step = int(saved["step"])
         rows.append({
             "attempt": a,

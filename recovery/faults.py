@@ -43,9 +43,10 @@ KINDS = ("signal_all", "signal_rank", "kill_rank", "kill_in_save", "corrupt_late
 class Fault:
     """One injected fault.
 
-    * ``signal_all``: send ``signum`` to every rank (what Slurm's ``--signal`` or a
-      preemption does) once this attempt has logged ``after_steps`` iterations;
-    * ``signal_rank``: send ``signum`` to ``rank`` only (the ranks must agree on the stop);
+    * ``signal_all``: send ``signum`` to every process of every rank, helpers included (what
+      Slurm's ``--signal`` or a preemption does to a job step) once this attempt has logged
+      ``after_steps`` iterations;
+    * ``signal_rank``: the same for ``rank``'s processes only (the ranks must agree on the stop);
     * ``kill_rank``: SIGKILL ``rank`` (its whole process group) after ``after_steps`` iterations;
     * ``kill_in_save``: SIGKILL rank 0 during the first save that starts after
       ``after_steps`` iterations, while it is in its staging directory (run the attempt
@@ -173,14 +174,6 @@ def _killpg(proc: subprocess.Popen, sig: int) -> None:
         pass
 
 
-def _kill(proc: subprocess.Popen, sig: int) -> None:
-    if proc.poll() is None:
-        try:
-            os.kill(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-
-
 class EventTail:
     """Reads rank 0's events.jsonl incrementally."""
 
@@ -301,10 +294,10 @@ def _fire(fault: Fault, att: Attempt, procs: list, iterations: int, ckpt_root: P
         return False
     if fault.kind == "signal_all":
         for p in procs:
-            _kill(p, fault.signum)
+            _killpg(p, fault.signum)
         detail = f"after {iterations} step(s)"
     elif fault.kind == "signal_rank":
-        _kill(procs[fault.rank], fault.signum)
+        _killpg(procs[fault.rank], fault.signum)
         detail = f"after {iterations} step(s)"
     elif fault.kind == "kill_rank":
         _killpg(procs[fault.rank], signal.SIGKILL)

@@ -176,7 +176,9 @@ def test_faults_resume_bitwise_equal(layout, reference, tmp_path):
         committed |= {e["step"] for e in saved}
         if any(f.kind in ("signal_all", "signal_rank") for f in a.faults):
             (sig,) = [e for e in es if e["event"] == "signal"]
-            assert saved[-1]["reason"] == "signal" and saved[-1]["step"] == sig["step"], saved
+            # the stop step is durable: a stop checkpoint, or the periodic one the worker had
+            # just written at that same boundary (it does not save a step twice)
+            assert saved[-1]["step"] == sig["step"] and saved[-1]["reason"] in ("signal", "interval"), saved
             assert [e["method"] for e in es if e["event"] == "requeue"] == ["exit_code"]  # not under Slurm
 
     # bitwise: every logged loss, including steps recomputed after a rollback
