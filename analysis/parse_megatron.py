@@ -16,7 +16,10 @@ Two iteration-line formats are read by one pattern:
 Why regex over the whole chunk and not a loop over lines: a multi-week run writes
 gigabytes; ``re.findall`` over a decoded chunk runs the matching loop in C and hands back
 one tuple per iteration line, with no Python work per non-matching line. The numeric
-conversion is column-wise pandas. Files are read as bytes in chunks cut at newlines and
+conversion is column-wise pandas. With pyarrow installed, a chunk's lines are split,
+filtered and read in Arrow's compute kernels instead (no Python object per line; see
+:func:`_arrow_columns`), and the ``re`` path stays the reference and the fallback for
+chunks Arrow cannot read the same way. Files are read as bytes in chunks cut at newlines and
 decoded with ``errors="replace"``, so binary junk or a torn multibyte character never
 raises. Each parser returns ``(frame, skipped)``: ``skipped`` counts lines that looked
 like the thing parsed (``iteration N/``) but could not be read (truncated, garbled).
@@ -30,6 +33,12 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+try:  # optional: the RE2 compute kernels are the fast path; without pyarrow the re path runs
+    import pyarrow as pa
+    import pyarrow.compute as pc
+except ImportError:  # pragma: no cover
+    pa = pc = None
 
 __all__ = [
     "ITERATION_COLUMNS",
@@ -57,11 +66,12 @@ def _field(key: str, value: str = _V) -> str:
 
 
 _HEAD = r"iteration[ \t]+([0-9]+)[ \t]*/[ \t]*([0-9]+)[ \t]*\|"
+_MFU_V = r"[ \t]*([^ \t|%\n]*)%[ \t]*\|"
 _FIELDS = [  # (key, value pattern) in the order Megatron prints them
     ("consumed samples:", _V),
     (r"elapsed time per iteration \(ms\):", _V),
     (r"throughput per GPU \(TFLOP/s/GPU\):", _V),
-    ("MFU:", r"[ \t]*([^ \t|%\n]*)%[ \t]*\|"),
+    ("MFU:", _MFU_V),
     ("learning rate:", _V),
     ("global batch size:", _V),
     ("lm[ -]loss:", _V),
@@ -200,6 +210,39 @@ def _to_time(values) -> pd.Series:
     return pd.to_datetime(s, format="ISO8601", errors="coerce")
 
 
+def _name_groups(pattern: str, names: list[str]) -> str:
+    """``pattern`` with its capturing groups named ``names`` in order (RE2's extract needs names)."""
+    out, names, i, class_at = [], list(names), 0, -1  # class_at: where the open [...] starts
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if class_at >= 0:
+            first = i == class_at + 1 or (i == class_at + 2 and pattern[class_at + 1] == "^")
+            if c == "]" and not first:
+                class_at = -1
+        elif c == "[":
+            class_at = i
+        elif c == "(" and not pattern.startswith("(?", i):
+            out.append(f"(?P<{names.pop(0)}>")
+            i += 1
+            continue
+        out.append(c)
+        i += 1
+    assert not names, names
+    return "".join(out)
+
+
+# The fields of one line with one iteration head, stamp included: the stamp is found iff
+# _TS_RE finds it (same prefix, and a line's only head is the one both patterns end at).
+_LINE_RE = re.compile(r"(?:" + _TS + r"[ \t]*)?" + _ITERATION_BODY)
+# The head at the end of the text before a line's first bar, and its stamp, named for RE2.
+_ARROW_HEAD = _name_groups(r"(?:" + _TS + r"[ \t]*)?" + _HEAD[: -len(r"\|")] + "$", _RAW_COLUMNS[:3])
+# strict ISO stamps, which Arrow's cast to timestamp[us] and pandas' ISO8601 parser read alike
+_ARROW_ISO = (r"^[0-9]{4}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])[ T](?:[01][0-9]|2[0-3])"
+              r":[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?$")
 def _body_columns(text: str) -> tuple[list, int]:
     """(columns of the body groups, candidate count) for every iteration line of ``text``.
 
@@ -209,6 +252,170 @@ def _body_columns(text: str) -> tuple[list, int]:
     rows = _BODY_RE.findall(text)
     candidates = len(_ITERATION_CANDIDATE_RE.findall(text))
     return (list(zip(*rows)) if rows else [() for _ in _RAW_COLUMNS[1:]]), candidates
+
+
+def _arrow_float(col) -> tuple[np.ndarray, np.ndarray] | None:
+    """(float64 values, present mask) of an Arrow string column; '' is absent (NaN).
+
+    Arrow's cast reads what it accepts exactly as ``float()`` and ``pd.to_numeric`` do. None if
+    it refuses a value (``1_000``, garbage): the chunk then takes the ``re`` path, whose
+    conversion is the reference (``float()`` for a column, or ``pd.to_numeric`` if that fails).
+    """
+    empty = pc.equal(col, "")
+    present = ~empty.to_numpy(zero_copy_only=False)
+    try:
+        vals = pc.cast(pc.if_else(empty, pa.scalar(None, col.type), col) if not present.all() else col,
+                       pa.float64())
+        return vals.to_numpy(zero_copy_only=False).astype("float64", copy=False), present
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OverflowError):
+        return None
+
+
+def _arrow_time(col) -> pd.Series:
+    n = len(col)
+    if n and pc.all(pc.match_substring_regex(pc.replace_substring(col, ",", "."), _ARROW_ISO)).as_py():
+        try:
+            ts = pc.cast(pc.replace_substring(col, ",", "."), pa.timestamp("us"))
+            return pd.Series(ts.to_numpy(zero_copy_only=False), dtype="datetime64[us]")
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            pass
+    return _to_time(col.to_pylist())
+
+
+def _canonical_re() -> str:
+    """Lines whose fields are read by splitting on bars (checked by RE2's DFA, no groups).
+
+    The text before the first bar ends with the iteration head, and every later bar-closed
+    segment is ``[ \t]*key[ \t]*value[ \t]*`` of a known field, keys in Megatron's order.
+    On such a line _BODY_RE takes each field from its segment without skipping (the first
+    path it tries; all its groups are optional, so that path matches), cannot find an
+    absent field (a key only matches right after a bar, in a bar-closed segment), and the
+    head is the line's only one (a value has no blanks, so no head hides in a segment).
+    """
+    out = r"^[^|]*" + _HEAD.replace("(", "(?:")
+    for key, v in _FIELDS:
+        value = r"[ \t]*[^ \t|%]*%[ \t]*\|" if v == _MFU_V else r"[ \t]*[^ \t|]*[ \t]*\|"
+        out += rf"(?:[ \t]*{key}{value})?"
+    return out + r"[^|]*$"
+
+
+_CANONICAL = _canonical_re()
+# on a canonical line a segment's key is known by its length (all differ; lm-loss = lm loss)
+_KEY_BY_LEN = np.full(64, -1, dtype="int64")
+for _i, (_key, _) in enumerate(_FIELDS):
+    _KEY_BY_LEN[len(_key.replace("\\", "").replace("[ -]", " ")) - 1] = _i  # length without the colon
+assert (_KEY_BY_LEN >= 0).sum() == len(_FIELDS)
+_MFU = [k for k, _ in _FIELDS].index("MFU:")
+
+
+def _split_canonical(lines):
+    """(head struct, candidate count, field index, value and line of each segment) of canonical lines."""
+    pieces = pc.split_pattern(lines, "|")
+    seg0 = pc.list_element(pieces, 0)
+    head = pc.extract_regex(seg0, _ARROW_HEAD)
+    counts = pc.list_value_length(pieces).to_numpy(zero_copy_only=False).astype("int64")
+    starts = np.cumsum(counts) - counts
+    flat = pieces.flatten()
+    # "iteration N/" can stand before the head or after the last bar, nowhere else
+    ends = pa.concat_arrays([seg0.cast(flat.type), flat.take(pa.array(starts + counts - 1))])
+    candidates = int(pc.sum(pc.count_substring_regex(ends, _ITERATION_CANDIDATE_RE.pattern)).as_py() or 0)
+    line_of = np.repeat(np.arange(len(counts)), counts)
+    local = np.arange(len(flat)) - starts[line_of]
+    mid = (local >= 1) & (local < counts[line_of] - 1)  # bar-closed segments after the head's bar
+    segs = pc.utf8_ltrim(flat.filter(pa.array(mid)), characters=" \t")
+    kv = pc.split_pattern(segs, ":", max_splits=1).flatten()  # key, value: two pieces each
+    even = np.arange(0, len(kv), 2)
+    fid = _KEY_BY_LEN[pc.utf8_length(kv.take(pa.array(even))).to_numpy(zero_copy_only=False).astype("int64")]
+    value = pc.utf8_trim(kv.take(pa.array(even + 1)), characters=" \t")
+    return head, candidates, fid, value, line_of[mid]
+
+
+def _arrow_columns(text: str, offsets: bool):
+    """The iteration columns of ``text`` from pyarrow's compute kernels, or None for the re path.
+
+    The same rows as the ``re`` path: every pattern is confined to one line, so the text's
+    matches are its lines' matches. Lines are split and filtered in Arrow; canonical lines
+    (:func:`_canonical_re`, nearly all of a real log) are read by splitting on bars, the rest
+    by ``_LINE_RE``. Chunks with a line holding two iteration heads (ranks interleaved: two
+    rows from one line), chunks mixing stamped and unstamped lines, and text Arrow cannot
+    encode (lone surrogates) return None. (RE2's ``extract_regex`` with _BODY_RE's lazy
+    optional fields was 30x slower than ``re``; its literal and DFA kernels are fast.)
+    Returns (timestamps, {column: float64}, {column: present}, starts or None, candidates).
+    """
+    if pa is None or "iteration" not in text:
+        return None
+    try:
+        arr = pa.array([text], pa.large_string())
+    except (UnicodeEncodeError, pa.ArrowException):
+        return None
+    lines = pc.split_pattern(arr, "\n").flatten()
+    del arr
+    mask = pc.match_substring(lines, "iteration")
+    cand = lines.filter(mask)
+    canon = pc.match_substring_regex(cand, _CANONICAL).to_numpy(zero_copy_only=False)
+    other = cand.filter(pa.array(~canon))
+    heads = np.ones(len(cand), dtype="int64")
+    heads[~canon] = pc.count_substring_regex(other, _HEAD).to_numpy(zero_copy_only=False)
+    if (heads > 1).any():
+        return None
+    candidates = int(pc.sum(pc.count_substring_regex(other, _ITERATION_CANDIDATE_RE.pattern)).as_py() or 0)
+    head, c_cand, fid, value, seg_line = _split_canonical(cand.filter(pa.array(canon)))
+    candidates += c_cand
+    has = heads == 1
+    n = int(has.sum())
+    canonical = canon[has]  # per row: read from segments, or by _LINE_RE
+    row_of_canon = np.flatnonzero(canonical)  # canonical line k is row row_of_canon[k]
+    rest = np.flatnonzero(~canonical)
+    rest_rows = [_LINE_RE.search(s).groups() for s in cand.filter(pa.array(has & ~canon)).to_pylist()]
+    rest_cols = list(zip(*rest_rows)) if rest_rows else [() for _ in _RAW_COLUMNS]
+    empty = pa.array([""], pa.large_string())
+    raw = {}
+    for j, c in enumerate(_RAW_COLUMNS):
+        idx = np.full(n, -1, dtype="int64")
+        if j < 3:
+            src = head.field(c).cast(pa.large_string())
+            idx[row_of_canon] = np.arange(len(row_of_canon))
+        else:
+            sel = fid == j - 3
+            src = value.filter(pa.array(sel)).cast(pa.large_string())
+            if j - 3 == _MFU:
+                src = pc.utf8_rtrim(src, characters="%")  # the value has no % of its own
+            idx[row_of_canon[seg_line[sel]]] = np.arange(len(src))
+        alls = pa.concat_arrays([src, pa.array(rest_cols[j], pa.large_string()), empty])
+        idx[rest] = len(src) + np.arange(len(rest))
+        idx[idx < 0] = len(alls) - 1
+        raw[c] = pc.fill_null(alls.take(pa.array(idx)), "")  # an unmatched optional group: ''
+    stamps = raw.pop("timestamp")
+    n_stamped = n - int(pc.sum(pc.equal(stamps, "")).as_py() or 0)
+    if n_stamped == 0:
+        ts = _to_time([""] * n)
+    elif n_stamped == n:
+        ts = _arrow_time(stamps)
+    else:
+        return None
+    vals, present = {}, {}
+    for c, col in raw.items():
+        got = _arrow_float(col)
+        if got is None:
+            return None
+        vals[c], present[c] = got
+    starts = None
+    if offsets:
+        # a line's start: the lengths of the lines before it plus one newline each (in str
+        # characters, as re's match.start(); bytes equal characters for ASCII text)
+        ascii_ = text.isascii()
+        length = pc.binary_length if ascii_ else pc.utf8_length
+        lens = length(lines).to_numpy(zero_copy_only=False).astype("int64") + 1
+        line_start = np.cumsum(lens) - lens
+        idx = np.flatnonzero(mask.to_numpy(zero_copy_only=False))[has]
+        body = cand.filter(pa.array(has))
+        if ascii_:
+            pos = pc.find_substring_regex(body, _HEAD).to_numpy(zero_copy_only=False)
+        else:
+            pre = pc.extract_regex(body, r"^(?P<pre>.*?)" + _HEAD.replace("(", "(?:")).field("pre")
+            pos = pc.utf8_length(pre).to_numpy(zero_copy_only=False)
+        starts = (line_start[idx] + pos.astype("int64")).tolist()
+    return ts, vals, present, starts, candidates
 
 
 def parse_iteration_text(text: str, *, source: str = "", job_id: str | None = None,
@@ -221,8 +428,48 @@ def parse_iteration_text(text: str, *, source: str = "", job_id: str | None = No
     output, numbers out of range) counts as skipped. Values Megatron prints as ``nan`` or
     ``inf`` stay NaN/inf: they are data (a NaN loss is an interruption cause), not errors.
     ``offsets=True`` adds each line's byte offset (``base_offset`` + position), to order
-    rows against error and checkpoint lines; it is slower (a match object per line).
+    rows against error and checkpoint lines.
+
+    With pyarrow, the lines are split and matched in Arrow's RE2 kernels
+    (:func:`_arrow_columns`); the ``re`` code below is the reference and the fallback.
     """
+    fast = _arrow_columns(text, offsets)
+    if fast is not None:
+        ts, vals, present, starts, candidates = fast
+        n = len(ts)
+        starts = starts if starts is not None else []
+    else:
+        ts, vals, present, starts, candidates, n = _re_columns(text, offsets)
+    df = pd.DataFrame(
+        {
+            "source": np.full(n, source, dtype=object),
+            "job_id": np.full(n, job_id, dtype=object),
+            "rank": np.full(n, rank, dtype=object),
+            "seq": np.arange(n, dtype="int64"),
+            "offset": (np.asarray(starts, dtype="int64") + base_offset) if len(starts) == n
+            else np.full(n, -1, dtype="int64"),
+            "timestamp": ts,
+            **vals,
+        }
+    )
+    # a loss or grad norm printed as nan/inf (not merely absent, as on fp16 skipped steps)
+    nonfinite = np.zeros(n, dtype=bool)
+    for c in ("lm_loss", "grad_norm"):
+        nonfinite |= ~np.isfinite(vals[c]) & present[c]
+    df["nonfinite"] = nonfinite
+    ok = (
+        df["iteration"].notna()
+        & (df["iteration"].abs() < _INT_LIMIT)
+        & (df["elapsed_ms"].notna() | df["lm_loss"].notna())
+    )
+    df = df[ok].reset_index(drop=True)
+    df["iteration"] = df["iteration"].astype("int64")
+    skipped = max(candidates - len(df), 0)
+    return df[ITERATION_COLUMNS], skipped
+
+
+def _re_columns(text: str, offsets: bool):
+    """The columns from Python's ``re`` (no pyarrow, or a chunk :func:`_arrow_columns` declines)."""
     starts: list[int] = []
     if offsets:
         found = [(m.start(),) + m.groups() for m in _BODY_RE.finditer(text)]
@@ -242,36 +489,10 @@ def parse_iteration_text(text: str, *, source: str = "", job_id: str | None = No
         starts = [f[0] for f in found]
         cols = list(zip(*[f[1:] for f in found])) if found else [() for _ in _RAW_COLUMNS]
         n = len(cols[0])
-    df = pd.DataFrame(
-        {
-            "source": np.full(n, source, dtype=object),
-            "job_id": np.full(n, job_id, dtype=object),
-            "rank": np.full(n, rank, dtype=object),
-            "seq": np.arange(n, dtype="int64"),
-            "offset": (np.asarray(starts, dtype="int64") + base_offset) if len(starts) == n
-            else np.full(n, -1, dtype="int64"),
-            "timestamp": _to_time(cols[0]),
-            **{c: _to_float(v) for c, v in zip(_RAW_COLUMNS[1:], cols[1:])},
-        }
-    )
-    # a loss or grad norm printed as nan/inf (not merely absent, as on fp16 skipped steps)
-    nonfinite = np.zeros(n, dtype=bool)
-    for c in ("lm_loss", "grad_norm"):
-        v = df[c].to_numpy()
-        bad = ~np.isfinite(v)
-        if bad.any():
-            raw = np.array([bool(x) for x in cols[_RAW_COLUMNS.index(c)]], dtype=bool)  # '' or None: absent
-            nonfinite |= bad & raw
-    df["nonfinite"] = nonfinite
-    ok = (
-        df["iteration"].notna()
-        & (df["iteration"].abs() < _INT_LIMIT)
-        & (df["elapsed_ms"].notna() | df["lm_loss"].notna())
-    )
-    df = df[ok].reset_index(drop=True)
-    df["iteration"] = df["iteration"].astype("int64")
-    skipped = max(candidates - len(df), 0)
-    return df[ITERATION_COLUMNS], skipped
+    vals = {c: _to_float(v) for c, v in zip(_RAW_COLUMNS[1:], cols[1:])}
+    present = {c: np.array([bool(x) for x in cols[_RAW_COLUMNS.index(c)]], dtype=bool)  # '' or None: absent
+               for c in ("lm_loss", "grad_norm")}
+    return _to_time(cols[0]), vals, present, starts, candidates, n
 
 
 def parse_iteration_lines(lines: pd.Series | list[str], **ids) -> tuple[pd.DataFrame, int]:
