@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -37,9 +36,11 @@ TERMINAL = (0, 3, 4)  # codes after which nothing is relaunched
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A rendezvous port below Linux's ephemeral range (see recovery.faults.free_port: gloo's own
+    ephemeral connections can take a bind(0) port before the store listens on it)."""
+    from recovery.faults import free_port as below_ephemeral
+
+    return below_ephemeral()
 
 
 def rank_env(base: Mapping[str, str], rank: int, world: int, port: int, attempt: int, repo_root: str) -> dict:

@@ -105,7 +105,7 @@ def main(argv: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = No
     from launch.compose import load_job
     from recovery.events import EventLog
     from recovery.policy import restart_count_from_env
-    from recovery.signals import StopFlag, install_handlers
+    from recovery.signals import StopFlag, ignore_stop_signals, install_handlers
 
     flag = StopFlag()
     install_handlers(flag)  # first: a signal during start-up is kept, not lost
@@ -117,6 +117,16 @@ def main(argv: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = No
     restart = restart_count_from_env(env)
     events = EventLog(run_dir / "events.jsonl", rank=denv.rank, job_id=env.get("SLURM_JOB_ID"),
                       restart_count=restart, enabled=denv.rank == 0)
+    try:
+        return _run_reporting(job, run_dir, env, denv, restart, flag, events)
+    finally:
+        # The outcome is decided and durable: a late warning or SIGTERM has nothing left to stop,
+        # and during interpreter shutdown Python restores the default action (terminate), which
+        # would turn a completed rank into a FAILED job step.
+        ignore_stop_signals()
+
+
+def _run_reporting(job, run_dir: Path, env: Mapping[str, str], denv, restart: int, flag, events) -> int:
     try:
         return _run(job, run_dir, env, denv, restart, flag, events)
     except BaseException as e:  # report every failure, then let the code say crash
@@ -193,6 +203,7 @@ def _run(job, run_dir: Path, env: Mapping[str, str], denv, restart: int, flag, e
         backend=dist_env.backend(cuda), init_method=denv.init_method, rank=denv.rank,
         world_size=denv.world_size, timeout=datetime.timedelta(minutes=30),
     )
+    _start_checkpoint_helpers()
     try:
         return _train(job, run_dir, env, denv, restart, flag, events, cuda, device)
     finally:
@@ -200,6 +211,23 @@ def _run(job, run_dir: Path, env: Mapping[str, str], denv, restart: int, flag, e
 
         parallel_state.destroy_model_parallel()
         dist.destroy_process_group()
+
+
+def _start_checkpoint_helpers() -> None:
+    """Start dist_checkpointing's helper processes now, with the stop signals blocked.
+
+    Slurm signals every process of the job step, and Megatron-Core's writer-results queue lives
+    in a spawned Manager process that starts with the default action (terminate) for SIGTERM
+    and SIGUSR2. Started lazily inside the first save, it costs that save an interpreter boot
+    (seconds) and, started unprotected, it dies on the very preemption SIGTERM whose
+    checkpoint it must carry. Spawned under the mask, it inherits the mask and survives.
+    """
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    from recovery.signals import deferred
+
+    with deferred():
+        filesystem_async._get_write_results_queue()
 
 
 def _train(job, run_dir: Path, env, denv, restart: int, flag, events, cuda: bool, device) -> int:

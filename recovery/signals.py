@@ -55,6 +55,12 @@ def install_handlers(flag: StopFlag, signals: Iterable[int] = STOP_SIGNALS) -> N
         signal.signal(s, handler)
 
 
+def ignore_stop_signals(signals: Iterable[int] = STOP_SIGNALS) -> None:
+    """After the outcome is durable: ignore further stop requests until the process is gone."""
+    for s in signals:
+        signal.signal(s, signal.SIG_IGN)
+
+
 class deferred:
     """Block ``signals`` for the duration of a ``with`` block; they are delivered at its end.
 
@@ -70,6 +76,12 @@ class deferred:
         self._old: Optional[set] = None
 
     def __enter__(self) -> "deferred":
+        # multiprocessing's resource tracker, when it first starts, ends with
+        # pthread_sigmask(SIG_UNBLOCK, {SIGINT, SIGTERM}): started inside this block it would
+        # undo the block. Start it first (a no-op when it runs already).
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
         self._old = signal.pthread_sigmask(signal.SIG_BLOCK, self.signals)
         return self
 

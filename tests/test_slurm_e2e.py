@@ -389,11 +389,6 @@ def test_node_crash_is_node_fail_then_resume_from_last_checkpoint(scenarios: Dic
     _assert_node_failure_recovered(run, slurm_cluster)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known bug: recovery.signals.deferred's SIGTERM block is undone inside it when multiprocessing starts "
-    "its resource tracker (pthread_sigmask(SIG_UNBLOCK, {SIGINT, SIGTERM})), so megatron's spawn-context "
-    "checkpoint Manager dies on the preemption SIGTERM -> BrokenPipeError, job FAILED. Fix: call "
-    "multiprocessing.resource_tracker.ensure_running() before blocking; then remove this marker"))
 def test_preemption_sigterm_checkpoint_within_grace_then_resume(scenarios: Dict[str, Future], slurm_cluster: Cluster) -> None:
     run = result(scenarios, "preemption")
     grace = slurm_cluster.spec.grace_time_s
