@@ -157,6 +157,7 @@ def shell_body(job: Job, run_dir: str | Path, code_dir: str | Path) -> tuple[lis
         "srun_args": " ".join(q(a) for a in srun_args(job, run_dir)),
         "python": q(c.python),
         "exclusion_flags": "" if c.requeue_allowed else " --no-requeue",
+        "requeue_on_crash": "1" if (c.requeue_allowed and job.training.requeue_on_crash) else "0",
     })
     return setup, command
 

@@ -13,6 +13,13 @@ set +e
 [ $? -eq 42 ] && exit 42
 srun {{srun_args}} {{python}} -u -m launch.worker "$RUN_DIR"
 rc=$?
-set -e
 echo "slurmtron: srun exited $rc"
+# Slurm never reruns a FAILED job: a crashed attempt (per the run's event log, not srun's code,
+# which --kill-on-bad-exit makes 143) is requeued here; the next attempt's zero-progress guard
+# and training.max_restarts end a deterministic crash loop (recovery/crash.py).
+REQUEUE_ON_CRASH={{requeue_on_crash}}  # cluster.requeue_allowed and training.requeue_on_crash
+if [ $rc -ne 0 ] && [ "$REQUEUE_ON_CRASH" = 1 ]; then
+    {{python}} -m recovery.crash "$RUN_DIR"
+    [ $? -eq 42 ] && exit 42
+fi
 exit $rc

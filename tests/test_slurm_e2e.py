@@ -214,23 +214,14 @@ def preempted_at_start(cluster: Cluster, d: Path) -> Run:
 
 
 def crash_loop(cluster: Cluster, d: Path) -> Run:
-    """training.fail_at_iter=3 on a run whose batch script requeues itself after a crash.
+    """training.fail_at_iter=3: every attempt crashes at the same step.
 
-    A crash (exit 1) ends a Slurm job FAILED; sites and wrappers that auto-requeue failed
-    jobs turn a deterministic crash into an endless loop. The script's EXIT trap (a
-    cluster.setup line) plays that wrapper; the zero-progress guard must end the loop.
+    Slurm never reruns a FAILED job; the rendered batch script requeues a crashed attempt
+    (recovery/crash.py reads the attempt's event log), and the zero-progress guard must end
+    the loop that a deterministic crash would otherwise make endless.
     """
-    # requeue an attempt whose worker crashed (its last event: exit, reason error); not one the
-    # guard refused. (srun's own code is 143 whenever --kill-on-bad-exit ends the other ranks.)
-    trap = d / "requeue_on_crash.sh"
-    trap.write_text("requeue_if_crashed() {\n"
-                    "  if tail -n 1 \"$RUN_DIR/events.jsonl\" | grep -q '\"reason\": \"error\"'; then\n"
-                    "    scontrol requeue \"$SLURM_JOB_ID\"\n"
-                    "  fi\n"
-                    "}\n"
-                    "trap requeue_if_crashed EXIT\n")
     run = submit(cluster, d / "crashloop", "parallelism=tp2", "run.time_limit_min=10", "training.fail_at_iter=3",
-                 "training.zero_progress_restarts=2", f"cluster.setup=['. {trap}']")
+                 "training.zero_progress_restarts=2")
     return finish(cluster, run, timeout=2 * TRAIN_TIMEOUT)
 
 
@@ -424,11 +415,12 @@ def test_preemption_before_the_first_step_requeues_and_completes(scenarios: Dict
 
 def test_deterministic_crash_loop_is_stopped_by_the_zero_progress_guard(scenarios: Dict[str, Future]) -> None:
     run = result(scenarios, "crash_loop")
-    # Slurm: two crashed attempts requeued (by the script's trap), the third refused to start
+    # Slurm: two crashed attempts requeued (by the batch script, recovery/crash.py), the third refused to start
     assert states(run) == ["REQUEUED", "REQUEUED", "FAILED"], run.logs()
     assert run.restarts == 2
     stops = run.of("stop")
     assert [e["reason"] for e in stops] == ["crash", "crash", "zero_progress"], run.logs()
+    assert [e.get("method") for e in run.of("requeue")] == ["scontrol_after_crash"] * 2, run.logs()
     assert "fail_at_iter=3" in stops[0]["detail"]
     assert stops[-1]["code"] == 3 and stops[-1]["restart_count"] == 2
     assert run.step_reached() == 2  # step 3 never completed; no checkpoint was ever written

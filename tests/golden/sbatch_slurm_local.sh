@@ -60,6 +60,13 @@ python3 -m recovery.exclusion start "$RUN_DIR"
 [ $? -eq 42 ] && exit 42
 srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=2 --cpus-per-task=2 --open-mode=append --output=/runs/golden/logs/%j_%t.out python3 -u -m launch.worker "$RUN_DIR"
 rc=$?
-set -e
 echo "slurmtron: srun exited $rc"
+# Slurm never reruns a FAILED job: a crashed attempt (per the run's event log, not srun's code,
+# which --kill-on-bad-exit makes 143) is requeued here; the next attempt's zero-progress guard
+# and training.max_restarts end a deterministic crash loop (recovery/crash.py).
+REQUEUE_ON_CRASH=1  # cluster.requeue_allowed and training.requeue_on_crash
+if [ $rc -ne 0 ] && [ "$REQUEUE_ON_CRASH" = 1 ]; then
+    python3 -m recovery.crash "$RUN_DIR"
+    [ $? -eq 42 ] && exit 42
+fi
 exit $rc

@@ -1,0 +1,79 @@
+"""After a crashed attempt: requeue it, as Slurm does after a node failure.
+
+Slurm ends a job whose step failed as FAILED and never reruns it, whatever ``--requeue`` says:
+a NCCL watchdog timeout or a dying GPU at 3 a.m. would stop the run until someone notices.
+The batch script therefore asks, after ``srun`` returned non-zero::
+
+    python -m recovery.crash RUN_DIR        # exit 42: requeued; 0: not a crash, nothing done
+
+The answer comes from the attempt's own event log (rank 0 writes it, fsynced per event), not
+from srun's exit code (``--kill-on-bad-exit`` turns most endings into 143):
+
+* the attempt's ``exit`` event says ``error`` after a ``stop`` with reason ``crash``, or the
+  attempt left no ``exit`` event at all (killed: OOM killer, segfault, lost node) → requeue;
+* ``requeue`` (rank 0 already ran ``scontrol requeue`` after the stop checkpoint),
+  ``completed``, ``zero_progress``, ``max_restarts`` or a refusal such as
+  ``optimizer_mismatch`` → leave it: requeueing would only repeat a decision.
+
+A deterministic crash is bounded by the next attempt's own start decision: the
+zero-progress guard (``training.zero_progress_restarts``) and ``training.max_restarts``.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from recovery import policy
+from recovery.events import EventLog, read_events
+
+
+def attempt_events(events: list[dict], job_id: str, restart_count: int) -> list[dict]:
+    """The events this attempt (job id, restart count) wrote."""
+    return [e for e in events if str(e.get("job_id")) == str(job_id) and int(e.get("restart_count") or 0) == restart_count]
+
+
+def crashed(events: list[dict]) -> tuple[bool, str]:
+    """(requeue?, why) from one attempt's events."""
+    exits = [e for e in events if e.get("event") == "exit"]
+    if not exits:
+        return True, "the attempt left no exit event (killed before it could write one)"
+    last = exits[-1]
+    stops = [e.get("reason") for e in events if e.get("event") == "stop"]
+    if last.get("reason") == "error" and (not stops or stops[-1] == "crash"):
+        return True, f"the attempt crashed: {next((e.get('detail') for e in reversed(events) if e.get('event') == 'stop'), '')}"[:300]
+    return False, f"the attempt ended with exit reason {last.get('reason')!r}" + (f" (stop: {stops[-1]})" if stops else "")
+
+
+def requeue_after_crash(run_dir: Path, env: Mapping[str, str],
+                        runner: Callable[..., Any] = policy.requeue_runner) -> tuple[int, str]:
+    """Decide for the attempt ``env`` describes; returns (exit code for the batch script, why)."""
+    job_id = env.get("SLURM_JOB_ID")
+    if not job_id:
+        return 0, "not under Slurm"
+    restart = policy.restart_count_from_env(env)
+    again, why = crashed(attempt_events(read_events(run_dir / "events.jsonl"), job_id, restart))
+    if not again:
+        return 0, why
+    proc = runner(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+    log = EventLog(run_dir / "events.jsonl", job_id=job_id, restart_count=restart)
+    ok = proc.returncode == 0
+    log.emit("requeue", method="scontrol_after_crash", ok=ok, detail=why,
+             error=None if ok else (proc.stderr or proc.stdout or "").strip()[:300])
+    return (policy.EXIT_REQUEUE if ok else 0), why + ("; requeued" if ok else "; scontrol requeue failed")
+
+
+def main(argv: Optional[Sequence[str]] = None, env: Optional[Mapping[str, str]] = None,
+         runner: Callable[..., Any] = policy.requeue_runner) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: python -m recovery.crash RUN_DIR", file=sys.stderr)
+        return 2
+    code, why = requeue_after_crash(Path(args[0]), dict(os.environ if env is None else env), runner)
+    print(f"slurmtron: {why}", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
