@@ -278,6 +278,7 @@ class LoopIO:
     flops_per_step: Optional[float] = None  # analysis.flops over the global batch
     peak_flops: Optional[float] = None  # per device; None = no MFU field (CPU)
     resolve_auto: Optional[Callable[[float, float], int]] = None  # (step_s, save_s) -> interval, for 'auto'
+    check_lead: Optional[Callable[[float, float], None]] = None  # (step_s, save_s) after the first measured save
 
 
 @dataclass
@@ -343,11 +344,15 @@ def run_loop(
                 loss_scale=float(getattr(optimizer, "get_loss_scale", lambda: torch.tensor(1.0))().item()),
                 grad_norm=grad_norm, skipped=counters.skipped, nan=counters.nan, tflops=tflops, mfu=mfu,
             ))
+        save_s = 0.0
         if interval is None and iteration < iters:
             save_s = io.save(state, "interval")
             interval = io.resolve_auto(elapsed, save_s) if io.resolve_auto else 1
         elif interval and iteration % interval == 0 and iteration < iters:
-            io.save(state, "interval")
+            save_s = io.save(state, "interval")
+        if save_s > 0 and io.check_lead is not None:  # the first measured save: is the lead time enough?
+            io.check_lead(elapsed, save_s)
+            io.check_lead = None
     return LoopResult(state, "completed", 0)
 
 

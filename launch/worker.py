@@ -356,10 +356,13 @@ def _train(job, run_dir: Path, env, denv, restart: int, flag, events, cuda: bool
                                       node_mtbf_hours=job.cluster.node_mtbf_hours, nodes=job.cluster.nodes)
         events.emit("checkpoint_interval", interval=steps, reasoning=why)
         log(f"checkpoint interval: {why}")
+        return steps
+
+    def check_lead(step_s: float, save_s: float) -> None:
         warn = policy.lead_time_warning(t.signal_lead_time_s, step_s, save_s)
         if warn:
             log(f"WARNING: {warn}")
-        return steps
+            events.emit("lead_time_warning", lead_s=t.signal_lead_time_s, step_s=step_s, save_s=save_s, detail=warn)
 
     flops = peak = None
     try:
@@ -374,7 +377,7 @@ def _train(job, run_dir: Path, env, denv, restart: int, flag, events, cuda: bool
 
     io = train_loop.LoopIO(
         log=log, emit=events.emit, save=save, stop_signum=lambda: flag.signum, step_sleep_s=hooks.step_sleep_s,
-        flops_per_step=flops, peak_flops=peak, resolve_auto=resolve_auto,
+        flops_per_step=flops, peak_flops=peak, resolve_auto=resolve_auto, check_lead=check_lead,
     )
     result = train_loop.run_loop(job, chunks, optimizer, scheduler, source, state, iters, io, device)
     if hooks.param_digest:

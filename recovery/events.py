@@ -15,7 +15,10 @@ resume_fallback     skipped (path), reason  -- a torn/corrupt checkpoint was pas
 signal              signal (name), step
 checkpoint_saved    step, path, seconds, bytes, reason (interval|signal|final)
 checkpoint_interval interval, reasoning (Young/Daly)
-requeue             method (scontrol|exit_code), step, signal, job_id_requeued, detail
+requeue             method (scontrol|exit_code|scontrol_after_crash), step, signal, job_id_requeued, ok, detail
+lead_time_warning   lead_s, step_s, save_s, detail -- the signal lead is shorter than a step plus a save
+failed_node         host, source -- a node a NODE_FAIL came from (recovery/exclusion.py)
+exclude             hosts, ok, detail -- recorded bad nodes kept out of the next attempt
 stop                reason (zero_progress|max_restarts|crash|optimizer_mismatch|...), code, detail
 exit                reason (completed|requeue|signal|error), code, step
 train_end           step, consumed_samples
