@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 
 from launch.config import Job
 from launch.render import render
+from recovery.events import read_events
 
 Runner = Callable[..., Any]  # subprocess.run-compatible: runner(argv, capture_output=True, text=True)
 SCRIPT_NAME = "sbatch.sh"
@@ -111,13 +112,4 @@ def submit(job: Job, run_dir: str | Path, *, runner: Runner = subprocess.run,
 
 def read_submissions(run_dir: str | Path) -> list[dict]:
     """The run's submission records, oldest first (tolerates a torn last line)."""
-    path = Path(run_dir) / SUBMISSIONS_NAME
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    return read_events(Path(run_dir) / SUBMISSIONS_NAME)

@@ -36,7 +36,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 EXIT_CRASH = 1
 
@@ -155,7 +155,6 @@ def _requeue_away_from_faulty_node(text: str, run_dir: Path, env: Mapping[str, s
     """A crash that names a hardware fault of this node (ECC, Xid, NVLink, IB) records the node
     and requeues the job without it; any other crash stays a crash (a Python error on a healthy
     rank usually comes from a peer, and must not blame this node)."""
-    import socket
 
     from recovery import exclusion, policy
 
@@ -231,7 +230,6 @@ def _start_checkpoint_helpers() -> None:
 
 
 def _train(job, run_dir: Path, env, denv, restart: int, flag, events, cuda: bool, device) -> int:
-    import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
 

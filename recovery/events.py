@@ -77,13 +77,10 @@ class EventLog:
         return record
 
 
-def read_events(path: str | os.PathLike) -> list[dict]:
-    """Read an event log, skipping lines that are not JSON objects (a torn last line)."""
+def parse_json_lines(text: str) -> list[dict]:
+    """The JSON objects of ``text``, one a line; other lines (a torn last line) are skipped."""
     out = []
-    p = Path(path)
-    if not p.exists():
-        return out
-    for line in p.read_text(encoding="utf-8", errors="replace").splitlines():
+    for line in text.splitlines():
         try:
             rec = json.loads(line)
         except ValueError:
@@ -91,3 +88,11 @@ def read_events(path: str | os.PathLike) -> list[dict]:
         if isinstance(rec, dict):
             out.append(rec)
     return out
+
+
+def read_events(path: str | os.PathLike) -> list[dict]:
+    """Read an event log (or any JSON-lines record file), tolerating a torn last line."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    return parse_json_lines(p.read_text(encoding="utf-8", errors="replace"))

@@ -20,7 +20,6 @@ would when Slurm kills a task. No torch here.
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -33,7 +32,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
 from recovery.commit import parse_dir_name
-from recovery.events import read_events
+from recovery.events import parse_json_lines, read_events
 from recovery.policy import EXIT_COMPLETED, EXIT_MAX_RESTARTS, EXIT_ZERO_PROGRESS
 
 KINDS = ("signal_all", "signal_rank", "kill_rank", "kill_in_save", "corrupt_latest")
@@ -191,15 +190,7 @@ class EventTail:
         if end < 0:
             return []
         self.offset += end + 1
-        out = []
-        for line in data[: end + 1].decode("utf-8", "replace").splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict):
-                out.append(rec)
-        return out
+        return parse_json_lines(data[: end + 1].decode("utf-8", "replace"))
 
 
 def run_attempt(

@@ -23,7 +23,6 @@ Must run as root (jobs run as root; the Debian packages are installed with apt w
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import random
 import shutil

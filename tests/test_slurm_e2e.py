@@ -21,10 +21,11 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List
 
 import pytest
 
+from recovery.events import read_events
 from slurm_cluster import Cluster, wait_until
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,16 +60,7 @@ class Run:
     restarts: int = -1  # scontrol's Restarts
 
     def events(self) -> List[dict]:
-        path = self.dir / "events.jsonl"
-        if not path.exists():
-            return []
-        out = []
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue  # a line being written
-        return out
+        return read_events(self.dir / "events.jsonl")  # tolerates a line being written
 
     def of(self, kind: str) -> List[dict]:
         return [e for e in self.events() if e.get("event") == kind]

@@ -2,15 +2,12 @@
 from __future__ import annotations
 
 import datetime
-import io
-import sys
-from pathlib import Path
 
 import pytest
 
 from launch import dist_env
 from launch.local import Attempt, LocalLauncher, rank_env
-from launch.tokenizer import ByteTokenizer, get_tokenizer
+from launch.tokenizer import get_tokenizer
 
 
 def test_expand_nodelist():
