@@ -133,29 +133,11 @@ def _init(job: Any, denv: Any, timeout_s: float) -> tuple[bool, Any]:
 
 
 def _build(job: Any, cuda: bool, device: Any) -> tuple[list, Any, Any]:
-    """Model chunks (DDP), optimizer and scheduler, in the order launch.worker builds them.
+    """Model chunks (DDP), optimizer and scheduler, built exactly as launch.worker builds them."""
+    from launch import train_loop
 
-    A copy of the worker's sequence (it has no public builder yet); keep the two in step.
-    """
-    from launch import megatron_model, train_loop
-
-    p, t = job.parallelism, job.training
-    config = megatron_model.to_transformer_config(job.model, p, t, cuda=cuda)
-    use_te = cuda and megatron_model.have_transformer_engine()
-    if not megatron_model.have_transformer_engine():
-        from launch import cpu_shim
-
-        patch = getattr(cpu_shim, "patch_missing_te_symbols", None)  # the MoE router without TE
-        if patch is not None:
-            patch()
-    train_loop.seed_step(t.seed, 0)
-    chunks = megatron_model.build_model_chunks(job.model, config, p.tp, use_te=use_te, device=device)
-    megatron_model.init_layout_independent(chunks, job.model, t.seed)
-    chunks = train_loop.wrap_ddp(chunks, config, p.distributed_optimizer)
-    optimizer = train_loop.build_optimizer(t, chunks, p.distributed_optimizer)
-    iters = train_loop.train_iters(t, t.global_batch_size, job.model.seq_length)
-    scheduler = train_loop.build_scheduler(t, optimizer, iters, t.global_batch_size)
-    return chunks, optimizer, scheduler
+    iters = train_loop.train_iters(job.training, job.training.global_batch_size, job.model.seq_length)
+    return train_loop.build_training(job, iters, cuda=cuda, device=device)
 
 
 def _named_params(chunks: list, model: Any):

@@ -150,6 +150,30 @@ def build_scheduler(training: TrainingConfig, optimizer: Any, iters: int, gbs: i
     )
 
 
+def build_training(job: Job, iters: int, *, cuda: bool, device: torch.device) -> tuple[List[Any], Any, OptimizerParamScheduler]:
+    """Model chunks (Megatron DDP), optimizer and LR schedule for ``job``, in one fixed order.
+
+    The worker and the preflight both build through here, so the preflight checks exactly
+    what the job will train: same translator, same seeding, same layout-independent init.
+    """
+    from launch import megatron_model
+
+    p, t = job.parallelism, job.training
+    config = megatron_model.to_transformer_config(job.model, p, t, cuda=cuda)
+    use_te = cuda and megatron_model.have_transformer_engine()
+    if not megatron_model.have_transformer_engine():
+        from launch.cpu_shim import patch_missing_te_symbols  # the MoE router without TE
+
+        patch_missing_te_symbols()
+    seed_step(t.seed, 0)
+    chunks = megatron_model.build_model_chunks(job.model, config, p.tp, use_te=use_te, device=device)
+    megatron_model.init_layout_independent(chunks, job.model, t.seed)
+    chunks = wrap_ddp(chunks, config, p.distributed_optimizer)
+    optimizer = build_optimizer(t, chunks, p.distributed_optimizer)
+    scheduler = build_scheduler(t, optimizer, iters, t.global_batch_size)
+    return chunks, optimizer, scheduler
+
+
 def _loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
     losses = output_tensor.float().view(-1)
     mask = loss_mask.float().view(-1)

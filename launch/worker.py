@@ -280,18 +280,7 @@ def _train(job, run_dir: Path, env, denv, restart: int, flag, events, cuda: bool
         megatron_ckpt.check_optimizer_type(ck_meta, p.distributed_optimizer, Path(path_s))
 
     # ---- model, DDP, optimizer, schedule ----
-    config = megatron_model.to_transformer_config(job.model, p, t, cuda=cuda)
-    use_te = cuda and megatron_model.have_transformer_engine()
-    if not megatron_model.have_transformer_engine():
-        from launch.cpu_shim import patch_missing_te_symbols
-
-        patch_missing_te_symbols()
-    train_loop.seed_step(t.seed, 0)
-    chunks = megatron_model.build_model_chunks(job.model, config, p.tp, use_te=use_te, device=device)
-    megatron_model.init_layout_independent(chunks, job.model, t.seed)
-    chunks = train_loop.wrap_ddp(chunks, config, p.distributed_optimizer)
-    optimizer = train_loop.build_optimizer(t, chunks, p.distributed_optimizer)
-    scheduler = train_loop.build_scheduler(t, optimizer, iters, t.global_batch_size)
+    chunks, optimizer, scheduler = train_loop.build_training(job, iters, cuda=cuda, device=device)
     state = train_loop.TrainState()
     if path_s:
         log(f"loading checkpoint from {path_s} at iteration {ck_step}")
