@@ -2,7 +2,7 @@
 
 ``python benchmarks/bench_recovery.py [--runs 2] [--attempts 3] [--append benchmarks/RESULTS.md] [override ...]``
 
-What it does (no Slurm; the local fault harness :mod:`recovery.faults` plays Slurm):
+What it does (no Slurm; the local fault harness :mod:`tests.faults` plays Slurm):
 
 * ``--runs`` x 2 fresh run directories, each driven through ``--attempts`` attempts. In
   every attempt SIGUSR2 (the time-limit warning) goes to all ranks after 2-4 steps; the ranks
@@ -73,7 +73,7 @@ def one_run(run_dir: Path, attempts: int, interval: int, overrides: list[str]) -
     """Drive one run through ``attempts`` signal-stopped attempts; one measurement dict per attempt."""
     from launch.compose import compose_job, job_to_yaml
     from recovery.events import read_events
-    from recovery.faults import Fault, run_attempt, write_rank_logs_tail
+    from faults import Fault, run_attempt, write_rank_logs_tail
 
     run_dir.mkdir(parents=True, exist_ok=True)
     job = compose_job([
@@ -199,4 +199,5 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(REPO / "tests"))  # the local fault harness (tests/faults.py)
     sys.exit(main())

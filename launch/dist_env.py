@@ -14,6 +14,7 @@ resolver are injected so tests need no Slurm and no DNS.
 """
 from __future__ import annotations
 
+import random
 import re
 import socket
 import subprocess
@@ -128,3 +129,22 @@ def from_env(
 def backend(cuda_available: bool) -> str:
     """NCCL when CUDA is present, gloo otherwise."""
     return "nccl" if cuda_available else "gloo"
+
+
+def free_port(rng: Optional[random.Random] = None) -> int:
+    """A port for the rendezvous store, chosen *below* Linux's ephemeral range (32768+).
+
+    ``bind(0)`` hands out an ephemeral port, and on a busy machine gloo's own connections
+    (also ephemeral) can take it between our check and the store's listen ("server socket
+    has failed to listen"). A random port under 32768 that binds now is far less contended.
+    """
+    rng = rng or random.SystemRandom()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-32000")

@@ -1,6 +1,6 @@
 """``cluster=local``: the job's ranks as processes on this machine, with Slurm's requeue emulated.
 
-:func:`run` starts ``cluster.gpus_per_node`` processes of ``python -m launch.worker RUN_DIR``
+:func:`run` starts ``cluster.gpus_per_node`` processes of ``python -m train.worker RUN_DIR``
 with torchrun-style variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``MASTER_ADDR=127.0.0.1``, a free ``MASTER_PORT``) and ``SLURMTRON_RESTART_COUNT=<attempt>``.
 Each rank's output goes to ``RUN_DIR/logs/local_<attempt>_rank<r>.out``; the last rank's
@@ -30,17 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, TextIO
 
+from launch.dist_env import free_port
+
 EXIT_COMPLETED = 0
 EXIT_REQUEUE = 42
 TERMINAL = (0, 3, 4)  # codes after which nothing is relaunched
-
-
-def free_port() -> int:
-    """A rendezvous port below Linux's ephemeral range (see recovery.faults.free_port: gloo's own
-    ephemeral connections can take a bind(0) port before the store listens on it)."""
-    from recovery.faults import free_port as below_ephemeral
-
-    return below_ephemeral()
 
 
 def rank_env(base: Mapping[str, str], rank: int, world: int, port: int, attempt: int, repo_root: str) -> dict:
@@ -113,7 +107,7 @@ class LocalLauncher:
             env = rank_env(self.env, r, self.world, port, attempt, repo_root)
             last = r == self.world - 1 and self.echo is not None
             p = self.popen(
-                [self.python, "-m", "launch.worker", str(self.run_dir)],
+                [self.python, "-m", "train.worker", str(self.run_dir)],
                 env=env, cwd=repo_root, stdout=subprocess.PIPE if last else out,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )

@@ -4,7 +4,7 @@ A short job on the *target layout* that catches the bugs that do not crash: para
 get no gradient, a layout that computes different numbers from one process, a checkpoint that
 does not restore (or reshard) bit-for-bit, a slow fabric, a starving data loader. The checks
 and their thresholds are in :mod:`launch.preflight_checks`; the ranks' work is in
-:mod:`launch.preflight_worker`.
+:mod:`train.preflight_worker`.
 
 Where it runs:
 
@@ -12,7 +12,7 @@ Where it runs:
   waits for them, prints the verdict table and exits 1 on any FAIL;
 * a Slurm cluster: the job is rendered by the same renderer as ``pretrain.py`` (same
   ``#SBATCH`` header, modules, NCCL environment, container, ``--exclude`` of failed nodes), with
-  ``launch.preflight_worker`` as the srun step, no requeue, and submitted with ``sbatch``; rank 0
+  ``train.preflight_worker`` as the srun step, no requeue, and submitted with ``sbatch``; rank 0
   writes the table to the job log and ``<run_dir>/preflight.json``. ``preflight.wait=true``
   waits for that file and exits like the local case.
 
@@ -57,7 +57,7 @@ from launch.preflight_checks import (  # noqa: E402
 from launch.problems import format_problems  # noqa: E402
 
 EXIT_PASS, EXIT_FAIL, EXIT_REFUSED = 0, 1, 2
-WORKER_MODULE = "launch.preflight_worker"
+WORKER_MODULE = "train.preflight_worker"
 _BOOLS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
 
 
@@ -138,7 +138,8 @@ def run_local(job: Job, pf_dir: Path, timeout_s: float, *, popen: Callable[..., 
               env: Optional[Mapping[str, str]] = None, clock: Callable[[], float] = time.monotonic,
               sleep: Callable[[float], None] = time.sleep) -> list[Optional[int]]:
     """Start the ranks as local processes and wait; returns their codes (None = killed on timeout)."""
-    from launch.local import free_port, rank_env
+    from launch.dist_env import free_port
+    from launch.local import rank_env
 
     base = dict(os.environ if env is None else env)
     repo_root = str(Path(__file__).resolve().parent.parent)
@@ -199,7 +200,7 @@ def render_preflight(job: Job, run_dir: Path, pf_dir: Path, opts: Options) -> st
     pf_job = preflight_job(job, opts)
     pf_job = replace(pf_job, run=replace(pf_job.run, name=f"{job.run.name}-preflight"))
     script = render(pf_job, pf_dir, failed_nodes=read_failed_nodes(run_dir))
-    needle = "-m launch.worker "
+    needle = "-m train.worker "
     if script.count(needle) != 1:
         raise RuntimeError(f"the rendered script has {script.count(needle)} '{needle.strip()}' steps, expected 1; "
                            "sbatch_templates/srun.sh changed")

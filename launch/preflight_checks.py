@@ -1,6 +1,6 @@
 """Preflight verdicts: thresholds, the table, ``<run_dir>/preflight.json`` and the submit gate.
 
-The preflight job (:mod:`launch.preflight_worker`, started by ``launch/preflight.py``) measures
+The preflight job (:mod:`train.preflight_worker`, started by ``launch/preflight.py``) measures
 numbers on the target layout; this module turns them into verdicts. It is pure and imports
 neither torch nor megatron, because the login node reads the result back
 (:func:`preflight_problems`) before a real submission.

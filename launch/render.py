@@ -167,7 +167,7 @@ def render(job: Job, run_dir: str | Path, *, dependency: Optional[str] = None,
     """The sbatch script for ``job`` whose run directory is ``run_dir`` (absolute on a cluster).
 
     ``dependency`` adds ``--dependency`` (e.g. ``afterany:123``); ``failed_nodes`` defaults to
-    ``<run_dir>/failed_nodes.json``; ``code_dir`` is put on PYTHONPATH so ``-m launch.worker``
+    ``<run_dir>/failed_nodes.json``; ``code_dir`` is put on PYTHONPATH so ``-m train.worker``
     imports this checkout.
     """
     from submitit.slurm.slurm import _make_sbatch_string  # private API: pinned, golden-tested

@@ -5,7 +5,7 @@ function run by submitit's own process on every task. That process sits between 
 signals and the training ranks: submitit bypasses SIGTERM (a preemption only logs "Bypassing
 signal SIGTERM") and calls ``checkpoint()`` on rank 0 only (facebookincubator/submitit#9), while
 a Megatron checkpoint needs *all* ranks to agree to stop and to write their shards. So the
-script runs ``python -m launch.worker RUN_DIR`` directly under srun, every rank installs its
+script runs ``python -m train.worker RUN_DIR`` directly under srun, every rank installs its
 own handler, and this module only needs ``sbatch --parsable``. The runner is injected so the
 tests fake Slurm at the subprocess boundary.
 """

@@ -1,6 +1,6 @@
 """The one requeue policy: when to start, when to stop, how to come back.
 
-Exit codes of ``python -m launch.worker`` (the Slurm step's exit code, the local launcher's
+Exit codes of ``python -m train.worker`` (the Slurm step's exit code, the local launcher's
 relaunch decision and the analysis reports all read these):
 
 ====  ====================  ==============================================================

@@ -11,7 +11,7 @@ set +e
 # there. A check that cannot run only costs the exclusion, never the attempt.
 {{python}} -m recovery.exclusion start "$RUN_DIR"{{exclusion_flags}}
 [ $? -eq 42 ] && exit 42
-srun {{srun_args}} {{python}} -u -m launch.worker "$RUN_DIR"
+srun {{srun_args}} {{python}} -u -m train.worker "$RUN_DIR"
 rc=$?
 echo "slurmtron: srun exited $rc"
 # Slurm never reruns a FAILED job: a crashed attempt (per the run's event log, not srun's code,

@@ -152,7 +152,7 @@ def test_slurm_preflight_is_rendered_by_the_pretrain_renderer_and_submitted(tmp_
     assert code == 0 and "4242" in out.getvalue()
     assert fake.calls == [["sbatch", "--parsable", str(run_dir / "preflight" / "sbatch.sh")]]
     script = (run_dir / "preflight" / "sbatch.sh").read_text()
-    assert "-m launch.preflight_worker" in script and "-m launch.worker " not in script
+    assert "-m train.preflight_worker" in script and "-m train.worker " not in script
     assert "--no-requeue" in script and "--exclude=stn3" in script and "--job-name=pf-preflight" in script
     assert subprocess.run(["bash", "-n", str(run_dir / "preflight" / "sbatch.sh")], timeout=30).returncode == 0
     pf_job = (run_dir / "preflight" / "config.yaml").read_text()

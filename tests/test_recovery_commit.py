@@ -263,8 +263,8 @@ def test_crash_after_every_operation_never_yields_a_torn_checkpoint(tmp_path, re
 
 
 def test_fault_harness_byte_flip_is_caught_by_verification(tmp_path):
-    """The fault tests' corruption (recovery.faults) really damages the newest checkpoint."""
-    from recovery.faults import Fault, flip_byte_in_latest
+    """The fault tests' corruption (tests/faults.py) really damages the newest checkpoint."""
+    from faults import Fault, flip_byte_in_latest
 
     save(tmp_path, 10)
     save(tmp_path, 20)

@@ -2,7 +2,7 @@
 
 Each layout (TP2, PP2, DP2 with and without the distributed optimizer) runs once without
 interruption and once with five injected faults, one attempt after another (the harness,
-:mod:`recovery.faults`, relaunches like Slurm's requeue; the worker decides everything else):
+:mod:`tests.faults`, relaunches like Slurm's requeue; the worker decides everything else):
 
 1. SIGUSR2 (the time-limit warning) to every rank at a random (seeded) step;
 2. one flipped byte in the newest checkpoint before the restart, then SIGTERM to rank 1 only
@@ -36,7 +36,7 @@ import pytest
 
 from recovery.commit import final_path
 from recovery.events import read_events
-from recovery.faults import Fault, losses_by_attempt, run_until_done, write_rank_logs_tail
+from faults import Fault, losses_by_attempt, run_until_done, write_rank_logs_tail
 from recovery.resume import find_latest_verified
 
 pytestmark = pytest.mark.training

@@ -98,7 +98,7 @@ def test_rendered_script_passes_bash_n_and_carries_the_requeue_contract(profile)
     assert len(srun) == 1
     words = shlex.split(srun[0])
     assert "--kill-on-bad-exit=1" in words and f"--output={RUN_DIR}/logs/%j_%t.out" in words
-    assert words[-5:] == [c.python, "-u", "-m", "launch.worker", "$RUN_DIR"]
+    assert words[-5:] == [c.python, "-u", "-m", "train.worker", "$RUN_DIR"]
     assert "torchrun" not in script.replace("Why no torchrun", "")
     assert ("lfs setstripe" in script) == (c.lustre_stripe_count > 0)
     assert ("--container-image=" in srun[0]) == bool(c.container.image)
@@ -200,7 +200,7 @@ def test_config_strings_are_quoted_and_never_executed(name, path_part, partition
         assert "foo" not in proc.stdout.splitlines()  # `a'; echo foo` stayed text
         record = json.loads((root / "srun.json").read_text())
         argv, env_seen = record["argv"], record["env"]
-        assert argv[-5:] == [python, "-u", "-m", "launch.worker", run_dir]  # each value arrives as one word
+        assert argv[-5:] == [python, "-u", "-m", "train.worker", run_dir]  # each value arrives as one word
         assert f"--container-image={image}" in argv and f"--container-mounts={mount}" in argv
         assert env_seen["FUZZ_VALUE"] == env_value and env_seen["MASTER_ADDR"] == "127.0.0.1"
         assert env_seen["PYTHONPATH"].startswith(f"/opt/{path_part}")

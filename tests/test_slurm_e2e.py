@@ -1,7 +1,7 @@
 """End to end on the local Slurm cluster: the real entry point, real Megatron-Core training.
 
 Each scenario submits with ``python launch/pretrain.py cluster=slurm_local ...`` (a subprocess,
-as a user would), the rendered script runs ``python -m launch.worker`` on 2 nodes x 2 tasks
+as a user would), the rendered script runs ``python -m train.worker`` on 2 nodes x 2 tasks
 (TP2 x DP2 or PP2 x DP2, gloo on the CPU), and the scenario then does to the job what a real
 cluster does: a time limit, a node set DOWN, a node that dies, a preempting job, a crash
 loop. Every test asserts what Slurm reports (``sacct -D`` states, ``Restarts``, the job id)

@@ -1,7 +1,7 @@
 """Real Megatron-Core training on the CPU (gloo): layout equivalences, data, log lines.
 
 Every run is the tiny model (4 layers, hidden 64, GQA, SwiGLU, RoPE) for 8 steps, each rank
-a ``python -m launch.worker`` subprocess with a timeout (tests/trainutil.py). Runs are
+a ``python -m train.worker`` subprocess with a timeout (tests/trainutil.py). Runs are
 cached per module, so each layout trains once however many tests read it.
 
 What "equal" means here:

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from launch.compose import compose_job
-from launch.megatron_model import padded_vocab_size, to_transformer_config
+from train.megatron_model import padded_vocab_size, to_transformer_config
 
 MODELS = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "hydra_conf" / "model").glob("*.yaml"))
 

@@ -45,7 +45,7 @@ def test_unresolvable_host_falls_back_to_its_name():
 
 @pytest.mark.parametrize("dp,mbs", [(1, 1), (2, 1), (4, 2)])
 def test_dp_ranks_split_each_global_batch_and_steps_never_overlap(dp, mbs):
-    from launch.data import microbatch_indices
+    from train.data import microbatch_indices
 
     gbs = 8
     nmb = gbs // (mbs * dp)
@@ -59,7 +59,7 @@ def test_dp_ranks_split_each_global_batch_and_steps_never_overlap(dp, mbs):
 
 
 def test_mock_dataset_is_deterministic_and_in_vocab():
-    from launch.data import MockGPTDataset
+    from train.data import MockGPTDataset
 
     a, b = MockGPTDataset(16, 257, seed=3), MockGPTDataset(16, 257, seed=3)
     assert all((a[i]["tokens"] == b[i]["tokens"]).all() for i in range(5))
@@ -92,7 +92,7 @@ def test_preprocess_reads_jsonl_and_text(tmp_path):
 
 def test_iteration_line_is_megatrons_and_parses():
     from analysis.parse_megatron import parse_iteration_text
-    from launch.train_loop import format_iteration
+    from train.train_loop import format_iteration
 
     kw = dict(now=datetime.datetime(2026, 11, 29, 10, 0, 0, 123456), iteration=5, train_iters=20, consumed=40,
               elapsed_ms=812.34, lr=3e-4, gbs=8, loss=5.512345, loss_scale=1.0, grad_norm=1.2344,

@@ -1,6 +1,6 @@
 """Helpers for the real-training tests: start the worker's ranks as subprocesses with a timeout.
 
-Each rank is ``python -m launch.worker RUN_DIR`` with torchrun-style variables, exactly what
+Each rank is ``python -m train.worker RUN_DIR`` with torchrun-style variables, exactly what
 ``launch.local`` starts, but with a hard timeout (a distributed hang must fail the test,
 not the CI job) and without the relaunch loop, so a test sees each attempt's exit codes.
 """
@@ -69,7 +69,7 @@ def start_ranks(run_dir: Path, world: int, attempt: int = 0, extra_env: Optional
                    MASTER_PORT=str(port), SLURMTRON_RESTART_COUNT=str(attempt), OMP_NUM_THREADS="1",
                    PYTHONPATH=str(REPO), **(extra_env or {}))
         out = open(run_dir / "logs" / f"local_{attempt}_rank{r}.out", "ab")
-        procs.append(subprocess.Popen([sys.executable, "-m", "launch.worker", str(run_dir)], cwd=REPO, env=env,
+        procs.append(subprocess.Popen([sys.executable, "-m", "train.worker", str(run_dir)], cwd=REPO, env=env,
                                       stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
         out.close()
     return procs

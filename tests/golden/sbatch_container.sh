@@ -61,7 +61,7 @@ set +e
 # there. A check that cannot run only costs the exclusion, never the attempt.
 python -m recovery.exclusion start "$RUN_DIR" --no-requeue
 [ $? -eq 42 ] && exit 42
-srun --kill-on-bad-exit=1 --nodes=8 --ntasks-per-node=8 --cpus-per-task=16 --open-mode=append --output=/runs/golden/logs/%j_%t.out '--container-image=nvcr.io#nvidia/pytorch:24.08-py3' --container-mounts=/shared:/shared --container-workdir=/shared/slurmtron python -u -m launch.worker "$RUN_DIR"
+srun --kill-on-bad-exit=1 --nodes=8 --ntasks-per-node=8 --cpus-per-task=16 --open-mode=append --output=/runs/golden/logs/%j_%t.out '--container-image=nvcr.io#nvidia/pytorch:24.08-py3' --container-mounts=/shared:/shared --container-workdir=/shared/slurmtron python -u -m train.worker "$RUN_DIR"
 rc=$?
 echo "slurmtron: srun exited $rc"
 # Slurm never reruns a FAILED job: a crashed attempt (per the run's event log, not srun's code,

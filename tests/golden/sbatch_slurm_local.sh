@@ -58,7 +58,7 @@ set +e
 # there. A check that cannot run only costs the exclusion, never the attempt.
 python3 -m recovery.exclusion start "$RUN_DIR"
 [ $? -eq 42 ] && exit 42
-srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=2 --cpus-per-task=2 --open-mode=append --output=/runs/golden/logs/%j_%t.out python3 -u -m launch.worker "$RUN_DIR"
+srun --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=2 --cpus-per-task=2 --open-mode=append --output=/runs/golden/logs/%j_%t.out python3 -u -m train.worker "$RUN_DIR"
 rc=$?
 echo "slurmtron: srun exited $rc"
 # Slurm never reruns a FAILED job: a crashed attempt (per the run's event log, not srun's code,

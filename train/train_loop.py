@@ -1,12 +1,12 @@
 """The training loop proper: model, DDP, optimizer, schedule, steps, the stop flag, logging.
 
-The worker (:mod:`launch.worker`) owns the process (distributed init, the run directory,
+The worker (:mod:`train.worker`) owns the process (distributed init, the run directory,
 resume and the exit code); this module owns what happens between two checkpoints. Every
 side effect it needs comes in as an argument (the clock, the printer, the save callback,
 the stop flag), so the loop is the same under Slurm, ``cluster=local`` and in tests.
 
-Determinism: the model init is layout independent (:mod:`launch.megatron_model`), data is
-addressed by global sample index (:mod:`launch.data`), dropout is 0 and every RNG is
+Determinism: the model init is layout independent (:mod:`train.megatron_model`), data is
+addressed by global sample index (:mod:`train.data`), dropout is 0 and every RNG is
 re-seeded from (seed, step) at each step (:func:`seed_step`). Resume is therefore bitwise
 equal to an uninterrupted run with the same layout.
 """
@@ -30,8 +30,8 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from launch.config import Job, TrainingConfig
-from launch.data import SampleSource, step_batches
-from launch.megatron_model import params_dtype
+from train.data import SampleSource, step_batches
+from train.megatron_model import params_dtype
 
 
 class InjectedFailure(RuntimeError):
@@ -156,13 +156,13 @@ def build_training(job: Job, iters: int, *, cuda: bool, device: torch.device) ->
     The worker and the preflight both build through here, so the preflight checks exactly
     what the job will train: same translator, same seeding, same layout-independent init.
     """
-    from launch import megatron_model
+    from train import megatron_model
 
     p, t = job.parallelism, job.training
     config = megatron_model.to_transformer_config(job.model, p, t, cuda=cuda)
     use_te = cuda and megatron_model.have_transformer_engine()
     if not megatron_model.have_transformer_engine():
-        from launch.cpu_shim import patch_missing_te_symbols  # the MoE router without TE
+        from train.cpu_shim import patch_missing_te_symbols  # the MoE router without TE
 
         patch_missing_te_symbols()
     seed_step(t.seed, 0)

@@ -1,12 +1,12 @@
-"""The preflight job's ranks: ``python -m launch.preflight_worker PREFLIGHT_DIR [--reference]``.
+"""The preflight job's ranks: ``python -m train.preflight_worker PREFLIGHT_DIR [--reference]``.
 
 ``launch/preflight.py`` (login node, no torch) writes ``<run_dir>/preflight/config.yaml``
 (the job, with ``training.train_iters`` = the preflight steps) and ``options.json``, then
 starts this module on every rank of the target layout: N local processes on
 ``cluster=local``, or the srun step of a short Slurm job. Every rank:
 
-1. builds the model exactly as :mod:`launch.worker` does (same translator, layout-independent
-   init, DDP, optimizer, schedule), trains ``steps`` steps with :func:`launch.train_loop.train_step`
+1. builds the model exactly as :mod:`train.worker` does (same translator, layout-independent
+   init, DDP, optimizer, schedule), trains ``steps`` steps with :func:`train.train_loop.train_step`
    and records loss and grad norm; after step 1 it checks that every trainable parameter's
    gradient is non-zero; it times the sample fetches (the data-loader wait);
 2. measures all-reduce bus bandwidth over the whole world;
@@ -105,14 +105,15 @@ def _quiet_known_warnings() -> None:
 
 
 def _init(job: Any, denv: Any, timeout_s: float) -> tuple[bool, Any]:
-    """Distributed init and Megatron's parallel_state, like launch.worker; returns (cuda, device)."""
+    """Distributed init and Megatron's parallel_state, like train.worker; returns (cuda, device)."""
     import datetime
 
     import torch
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from launch import cpu_shim, dist_env
+    from launch import dist_env
+    from train import cpu_shim
 
     _quiet_known_warnings()
     cuda = torch.cuda.is_available()
@@ -133,8 +134,8 @@ def _init(job: Any, denv: Any, timeout_s: float) -> tuple[bool, Any]:
 
 
 def _build(job: Any, cuda: bool, device: Any) -> tuple[list, Any, Any]:
-    """Model chunks (DDP), optimizer and scheduler, built exactly as launch.worker builds them."""
-    from launch import train_loop
+    """Model chunks (DDP), optimizer and scheduler, built exactly as train.worker builds them."""
+    from train import train_loop
 
     iters = train_loop.train_iters(job.training, job.training.global_batch_size, job.model.seq_length)
     return train_loop.build_training(job, iters, cuda=cuda, device=device)
@@ -142,7 +143,7 @@ def _build(job: Any, cuda: bool, device: Any) -> tuple[list, Any, Any]:
 
 def _named_params(chunks: list, model: Any):
     """(global name, parameter) over this rank's chunks (layer/expert indices made global)."""
-    from launch.megatron_model import _global_names
+    from train.megatron_model import _global_names
 
     for chunk in chunks:
         yield from _global_names(getattr(chunk, "module", chunk), model)
@@ -187,7 +188,7 @@ def train_steps(job: Any, chunks: list, optimizer: Any, scheduler: Any, source: 
 
     The timing skips step 1 (warm-up) when there is more than one step.
     """
-    from launch import train_loop
+    from train import train_loop
 
     t = job.training
     nmb = train_loop.num_microbatches(job)
@@ -300,7 +301,7 @@ def allreduce_busbw(device: Any, cuda: bool, clock: Callable[[], float] = time.p
 
 
 def _ckpt_meta(job: Any, step: int) -> dict:
-    from launch.worker import layout_of, model_shape
+    from train.worker import layout_of, model_shape
 
     return {"step": step, "consumed_samples": step * job.training.global_batch_size, "layout": layout_of(job),
             "distributed_optimizer": bool(job.parallelism.distributed_optimizer), "model": model_shape(job),
@@ -312,14 +313,14 @@ def _ckpt_meta(job: Any, step: int) -> dict:
 def start_reference(pf_dir: Path, env: Mapping[str, str], local_rank: int,
                     popen: Callable[..., Any] = subprocess.Popen) -> Any:
     """Rank 0: start ``--reference`` as a one-rank world of its own (a fresh port, no Slurm task vars)."""
-    from launch.local import free_port
+    from launch.dist_env import free_port
 
     child = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
     child.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK=str(local_rank), MASTER_ADDR="127.0.0.1",
                  MASTER_PORT=str(free_port()))
     (pf_dir / "logs").mkdir(parents=True, exist_ok=True)
     with open(pf_dir / "logs" / "reference.out", "ab") as out:
-        return popen([sys.executable, "-m", "launch.preflight_worker", str(pf_dir), "--reference"],
+        return popen([sys.executable, "-m", "train.preflight_worker", str(pf_dir), "--reference"],
                      env=child, stdout=out, stderr=subprocess.STDOUT)
 
 
@@ -327,8 +328,8 @@ def run_reference(job: Any, pf_dir: Path, opts: dict, denv: Any) -> int:
     """The single-process reference: train the same steps, then load the target's checkpoint."""
     import torch.distributed as dist
 
-    from launch import megatron_ckpt
-    from launch.data import build_source
+    from train import megatron_ckpt
+    from train.data import build_source
 
     ref = reference_job(job)
     cuda, device = _init(ref, denv, opts["timeout_s"])
@@ -362,8 +363,8 @@ def run_target(job: Any, pf_dir: Path, opts: dict, denv: Any, env: Mapping[str, 
     import torch
     import torch.distributed as dist
 
-    from launch import megatron_ckpt
-    from launch.data import build_source
+    from train import megatron_ckpt
+    from train.data import build_source
 
     rank = denv.rank
     for stale in (REFERENCE_FILE, RESHARD_FILE, CKPT_READY):
@@ -458,7 +459,7 @@ def _read(path: Path) -> Optional[dict]:
 def judge(job: Any, pf_dir: Path, opts: dict, m: dict, ref_error: str) -> Any:
     """Rank 0: the verdict rows from the target's measurements and the reference's files."""
     from launch import preflight_checks as pc
-    from launch.worker import layout_of
+    from train.worker import layout_of
 
     ref = _read(pf_dir / REFERENCE_FILE)
     reshard = _read(pf_dir / RESHARD_FILE)
@@ -492,7 +493,7 @@ def main(argv: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = No
     reference = "--reference" in argv
     args = [a for a in argv if a != "--reference"]
     if len(args) != 1:
-        print("usage: python -m launch.preflight_worker PREFLIGHT_DIR [--reference]", file=sys.stderr)
+        print("usage: python -m train.preflight_worker PREFLIGHT_DIR [--reference]", file=sys.stderr)
         return 2
     pf_dir = Path(args[0]).absolute()
     from launch import dist_env

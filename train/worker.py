@@ -1,11 +1,11 @@
-"""The compute-node entry: ``python -m launch.worker RUN_DIR`` (one process per rank).
+"""The compute-node entry: ``python -m train.worker RUN_DIR`` (one process per rank).
 
 Reads ``RUN_DIR/config.yaml`` (the resolved composed job), finds its place from Slurm's or
 torchrun's variables (:mod:`launch.dist_env`), initialises torch.distributed (NCCL with
 CUDA, gloo without) and Megatron-Core's ``parallel_state``, finds the newest *verified*
 checkpoint (:func:`recovery.resume.find_latest_verified`), asks the requeue policy whether
 this attempt may train (:func:`recovery.policy.start_decision`), builds the model and
-trains (:mod:`launch.train_loop`). A stop signal only sets a flag; at the next step
+trains (:mod:`train.train_loop`). A stop signal only sets a flag; at the next step
 boundary all ranks agree, save, commit, and exit 42 after rank 0 asked for a requeue.
 
 Exit codes (:mod:`recovery.policy`): 0 completed, 42 checkpointed on a stop signal and
@@ -98,7 +98,7 @@ def main(argv: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = No
     argv = list(sys.argv[1:] if argv is None else argv)
     env = dict(os.environ if env is None else env)
     if len(argv) != 1:
-        print("usage: python -m launch.worker RUN_DIR", file=sys.stderr)
+        print("usage: python -m train.worker RUN_DIR", file=sys.stderr)
         return 2
     run_dir = Path(argv[0])
 
@@ -184,7 +184,8 @@ def _run(job, run_dir: Path, env: Mapping[str, str], denv, restart: int, flag, e
     import torch
     import torch.distributed as dist
 
-    from launch import cpu_shim, dist_env
+    from launch import dist_env
+    from train import cpu_shim
 
     _quiet_known_warnings()
     cuda = torch.cuda.is_available()
@@ -233,8 +234,8 @@ def _train(job, run_dir: Path, env, denv, restart: int, flag, events, cuda: bool
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from launch import megatron_ckpt, megatron_model, train_loop
-    from launch.data import build_source
+    from train import megatron_ckpt, megatron_model, train_loop
+    from train.data import build_source
     from recovery import commit as rcommit
     from recovery import policy
     from recovery.interval import resolve_interval

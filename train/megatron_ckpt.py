@@ -10,7 +10,7 @@ directory of :mod:`recovery.commit`, then committed by rank 0)::
 
 The common state holds ``training_state`` (step, consumed samples, restart count, seed,
 layout, optimizer type) and ``opt_param_scheduler``. RNG states are not stored: the loop
-re-seeds every RNG from (seed, step) at each step (:func:`launch.train_loop.seed_step`),
+re-seeds every RNG from (seed, step) at each step (:func:`train.train_loop.seed_step`),
 which makes a resume bitwise equal to an uninterrupted run in *any* layout.
 
 The distributed optimizer (Megatron-Core 0.16 without Apex/TE) has three load bugs that

@@ -1,4 +1,4 @@
-"""Fault injection for a local multi-process run of ``python -m launch.worker RUN_DIR``.
+"""Fault injection for a local multi-process run of ``python -m train.worker RUN_DIR``.
 
 Used by ``tests/test_recovery_faults.py`` and ``benchmarks/bench_recovery.py`` to show the
 recovery claims on a real Megatron-Core job: every fault resumes, resume is bitwise equal
@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
+from launch.dist_env import free_port  # noqa: F401  (re-exported for the fault tests)
 from recovery.commit import parse_dir_name
 from recovery.events import parse_json_lines, read_events
 from recovery.policy import EXIT_COMPLETED, EXIT_MAX_RESTARTS, EXIT_ZERO_PROGRESS
@@ -94,25 +95,6 @@ class Attempt:
         if any(c is None or c < 0 for c in self.codes):
             return -9
         return self.codes[0]
-
-
-def free_port(rng: Optional[random.Random] = None) -> int:
-    """A port for the rendezvous store, chosen *below* Linux's ephemeral range (32768+).
-
-    ``bind(0)`` hands out an ephemeral port, and on a busy machine gloo's own connections
-    (also ephemeral) can take it between our check and the store's listen ("server socket
-    has failed to listen"). A random port under 32768 that binds now is far less contended.
-    """
-    rng = rng or random.SystemRandom()
-    for _ in range(200):
-        port = rng.randrange(20000, 32000)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 20000-32000")
 
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -234,7 +216,7 @@ def run_attempt(
         out = open(logs / f"faults_{restart}_rank{r}.out", "ab")
         outs.append(out)
         procs.append(subprocess.Popen(
-            [python, "-m", "launch.worker", str(run_dir)],
+            [python, "-m", "train.worker", str(run_dir)],
             env=rank_env(base, r, world, port, restart), stdout=out, stderr=subprocess.STDOUT,
             cwd=str(cwd or REPO_ROOT), start_new_session=True,
         ))
