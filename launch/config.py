@@ -14,10 +14,13 @@ This module must stay importable on a login node: no torch, no megatron.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
+
+from launch.paths import RunPaths
 
 
 @dataclass
@@ -194,6 +197,15 @@ class Job:
     @property
     def run_dir(self) -> str:
         return self.run.dir or f"{self.cluster.run_root}/{self.run.name}"
+
+    @property
+    def paths(self) -> RunPaths:
+        """Every file of this run (:mod:`launch.paths`)."""
+        return self.paths_at(self.run_dir)
+
+    def paths_at(self, run_dir: Union[str, Path]) -> RunPaths:
+        """The run's files when its directory is ``run_dir`` (a rank gets it as its argument)."""
+        return RunPaths.of(run_dir, self.run.name, self.cluster.checkpoint_root)
 
 
 def register_configs(cs: Optional[ConfigStore] = None) -> ConfigStore:

@@ -83,10 +83,8 @@ def exclude_list(job: Job, failed_nodes: Iterable[str]) -> str:
 
 
 def checkpoint_dir(job: Job, run_dir: str | Path) -> str:
-    """Where the worker writes checkpoints: cluster.checkpoint_root/<name> or <run_dir>/checkpoints."""
-    if job.cluster.checkpoint_root:
-        return f"{job.cluster.checkpoint_root.rstrip('/')}/{job.run.name}"
-    return f"{run_dir}/checkpoints"
+    """Where the ranks write checkpoints (:class:`launch.paths.RunPaths`), as text for the script."""
+    return str(job.paths_at(run_dir).checkpoints)
 
 
 def srun_args(job: Job, run_dir: str | Path) -> list[str]:

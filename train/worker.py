@@ -256,7 +256,7 @@ def _train(job, run_dir: Path, env, denv, restart: int, flag, events, cuda: bool
         virtual_pipeline_model_parallel_size=p.vpp, context_parallel_size=p.cp,
         expert_model_parallel_size=p.ep,
     )
-    ckpt_root = Path(job.cluster.checkpoint_root or (run_dir / "checkpoints"))
+    ckpt_root = job.paths_at(run_dir).checkpoints
     iters = train_loop.train_iters(t, t.global_batch_size, job.model.seq_length)
 
     # ---- resume search and the start decision: rank 0 decides, everyone follows ----
