@@ -265,8 +265,6 @@ def prune(
     (manifest + sizes, ``deep=False``): re-hashing every kept checkpoint on every save would
     cost a full read of K checkpoints.
     """
-    from recovery.resume import verify  # local import: resume imports this module
-
     st = storage or LocalStorage()
     root = Path(root)
     restore_set_aside(root, storage=st)
@@ -314,3 +312,73 @@ def manifest_of(path: Path, *, storage: Optional[LocalStorage] = None) -> dict[s
     if not isinstance(doc, dict):
         raise ValueError("manifest is not a JSON object")
     return doc
+
+
+def verify(
+    path: Path,
+    *,
+    storage: Optional[LocalStorage] = None,
+    deep: bool = True,
+    threads: int = 4,
+) -> Optional[str]:
+    """None if ``path`` is a complete, intact checkpoint; otherwise the reason it is not.
+
+    ``deep=False`` checks the manifest and file sizes only (cheap: used by the prune);
+    ``deep=True`` also re-hashes every file (a full read, ``threads`` files at a time; used
+    before loading).
+    """
+    st = storage or LocalStorage()
+    path = Path(path)
+    if not st.is_dir(path):
+        return "not a directory"
+    parsed = parse_dir_name(path.name)
+    if parsed is None:
+        return "not a checkpoint directory name (iter_NNNNNNN)"
+    if parsed[1] == STAGING_SUFFIX:
+        return "staging directory: the save never committed (killed during the save?)"
+    if not st.exists(path / MANIFEST):
+        return "no manifest.json: incomplete or not written by slurmtron's commit"
+    try:
+        doc = manifest_of(path, storage=st)
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        return f"manifest.json unreadable: {e}"
+    if doc.get("format") != FORMAT or doc.get("version") != FORMAT_VERSION:
+        return f"manifest format {doc.get('format')!r} v{doc.get('version')!r}, expected {FORMAT!r} v{FORMAT_VERSION}"
+    if doc.get("hash") != HASH_NAME:
+        return f"manifest hash {doc.get('hash')!r}, expected {HASH_NAME!r}"
+    if doc.get("step") != parsed[0]:
+        return f"manifest step {doc.get('step')!r} != directory step {parsed[0]}"
+    files = doc.get("files")
+    if not isinstance(files, dict) or not files:
+        return "manifest lists no files"
+    present = set(f for f in st.list_files(path) if f != MANIFEST)
+    missing = sorted(set(files) - present)
+    if missing:
+        return f"missing file {missing[0]}" + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else "")
+    extra = sorted(present - set(files))
+    if extra:
+        return f"unlisted file {extra[0]}" + (f" (+{len(extra) - 1} more)" if len(extra) > 1 else "")
+    for rel in sorted(files):
+        entry = files[rel]
+        try:
+            size = st.size(path / rel)
+        except OSError as e:
+            return f"cannot stat {rel}: {e}"
+        if size != entry.get("size"):
+            return f"size mismatch {rel}: {size} bytes on disk, {entry.get('size')} in manifest"
+    if deep:
+        def check(rel: str) -> Optional[str]:
+            try:
+                _n, digest = st.digest(path / rel)
+            except OSError as e:
+                return f"cannot read {rel}: {e}"
+            want = str(files[rel].get("blake2b"))
+            if digest != want:
+                return f"checksum mismatch {rel}: blake2b {digest[:16]}... != manifest {want[:16]}..."
+            return None
+
+        with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+            for reason in pool.map(check, sorted(files)):
+                if reason:
+                    return reason
+    return None
