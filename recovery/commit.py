@@ -20,6 +20,15 @@ rank 0 alone calls :func:`commit`, which:
 6. only then points ``<root>/latest`` at it (write ``latest.tmp``, fsync, rename, fsync);
 7. prunes to the newest ``keep`` checkpoints whose manifest checks out (never the one
    ``latest`` names, never the one just written), and stale ``.tmp``/``.old`` leftovers.
+   Only checkpoints older than the newest verified one are ever deleted; a damaged one is
+   moved to ``quarantine/`` (:mod:`recovery.quarantine`), never deleted; a deletion is a
+   rename to ``iter_N.del`` first, so a kill during it cannot leave a half-deleted
+   checkpoint under a loadable name. A storage error during the prune (EACCES, EIO, ...)
+   stops the prune, not the save: the new checkpoint is already durable
+   (:attr:`CommitResult.prune_error`).
+
+The manifest also says whose checkpoint it is (``run``: run name, run id, model shape), so a
+resume can refuse another run's checkpoint whatever the paths say.
 
 A crash between any two of these steps leaves either the previous state or the new one:
 :func:`recovery.resume.find_latest_verified` only considers ``iter_NNNNNNN`` directories with
@@ -39,7 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from recovery.storage import HASH_NAME, LocalStorage
+from recovery.quarantine import quarantine
+from recovery.storage import HASH_NAME, LocalStorage, StorageError, classify
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
@@ -47,7 +57,8 @@ FORMAT = "slurmtron-checkpoint"
 FORMAT_VERSION = 1
 STAGING_SUFFIX = ".tmp"
 ASIDE_SUFFIX = ".old"
-_DIR_RE = re.compile(r"^iter_(\d{7,})(\.tmp|\.old)?$")
+DELETE_SUFFIX = ".del"  # being deleted by the prune: garbage, never a candidate
+_DIR_RE = re.compile(r"^iter_(\d{7,})(\.tmp|\.old|\.del)?$")
 
 
 @dataclass
@@ -59,6 +70,14 @@ class CommitResult:
     seconds: float  # time spent in commit (fsync + hash + renames + prune), by the injected clock
     files: int  # payload files
     pruned: list = field(default_factory=list)  # directories removed by the prune
+    quarantined: list = field(default_factory=list)  # [(original path, quarantined path, reason)]
+    prune_error: Optional[str] = None  # a storage error that stopped the prune (the commit itself succeeded)
+
+
+@dataclass
+class PruneResult:
+    removed: list = field(default_factory=list)  # directories deleted
+    quarantined: list = field(default_factory=list)  # [(original path, quarantined path, reason)]
 
 
 def dir_name(step: int) -> str:
@@ -145,9 +164,12 @@ def seal_files(
         return {rel: (n, d) for rel, n, d in pool.map(seal, list(rel_files))}
 
 
-def build_manifest(step: int, meta: dict, files: dict, now: float) -> dict:
-    """The manifest document (kept separate so resume and tests share one definition)."""
-    return {
+def build_manifest(step: int, meta: dict, files: dict, now: float, run: Optional[dict] = None) -> dict:
+    """The manifest document (kept separate so resume and tests share one definition).
+
+    ``run`` is the owner: ``{"name", "id", "model"}`` (see :func:`recovery.resume.owner_problem`).
+    """
+    doc = {
         "format": FORMAT,
         "version": FORMAT_VERSION,
         "step": int(step),
@@ -156,6 +178,9 @@ def build_manifest(step: int, meta: dict, files: dict, now: float) -> dict:
         "meta": meta,
         "files": files,
     }
+    if run is not None:
+        doc["run"] = run
+    return doc
 
 
 def read_latest(root: Path, *, storage: Optional[LocalStorage] = None) -> Optional[str]:
@@ -179,6 +204,7 @@ def commit(
     wall_clock: Callable[[], float] = time.time,
     hash_threads: int = 4,
     digests: Optional[Mapping[str, tuple[int, str]]] = None,
+    run: Optional[dict] = None,
 ) -> CommitResult:
     """Rank 0, after every rank finished writing into :func:`staging_path`: make it durable.
 
@@ -217,7 +243,7 @@ def commit(
     for d in st.list_subdirs(staging):
         st.fsync_dir(d)
 
-    manifest = build_manifest(step, meta, files, wall_clock())
+    manifest = build_manifest(step, meta, files, wall_clock(), run=run)
     st.write_text(staging / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True, default=str))
     st.fsync_dir(staging)
 
@@ -237,14 +263,42 @@ def commit(
     st.replace(tmp, root / LATEST)
     st.fsync_dir(root)
 
-    pruned = prune(root, keep=keep, protect=(final.name,), storage=st)
+    pr, prune_error = PruneResult(), None
+    try:
+        pr = prune(root, keep=keep, protect=(final.name,), storage=st, clock=wall_clock)
+    except OSError as e:  # the checkpoint is committed; an unreadable or unwritable old one only stops the prune
+        err = classify(e)
+        if err is None:
+            raise
+        prune_error = str(err)
     return CommitResult(
         path=final,
         bytes=sum(n for _, n, _ in sealed),
         seconds=clock() - t0,
         files=len(sealed),
-        pruned=pruned,
+        pruned=pr.removed,
+        quarantined=pr.quarantined,
+        prune_error=prune_error,
     )
+
+
+def abort_save(root: Path, step: int, *, storage: Optional[LocalStorage] = None) -> list[Path]:
+    """After a save failed (ENOSPC, EDQUOT, EIO, ...): remove its staging directory, keep every committed one.
+
+    Frees the space the torn save took, and gives a committed checkpoint that a re-save of the
+    same step had moved aside (``iter_N.old``) its name back. Returns what was removed.
+    """
+    st = storage or LocalStorage()
+    root = Path(root)
+    removed = []
+    staging = staging_path(root, step)
+    if st.exists(staging):
+        st.remove_tree(staging)
+        removed.append(staging)
+    restore_set_aside(root, storage=st)
+    if removed:
+        st.fsync_dir(root)
+    return removed
 
 
 def prune(
@@ -253,17 +307,23 @@ def prune(
     keep: int,
     protect: tuple = (),
     storage: Optional[LocalStorage] = None,
-) -> list[Path]:
+    clock: Callable[[], float] = time.time,
+) -> PruneResult:
     """Keep the newest ``keep`` checkpoints whose manifest and file sizes check out.
 
-    Removed: final checkpoints older than the oldest one kept, and every ``.tmp`` leftover of a
-    killed save, and ``.old`` copies whose step has a final checkpoint again
-    (:func:`restore_set_aside` runs first) (only rank 0 writes, and only inside :func:`commit` or between
-    :func:`prepare_staging` and :func:`commit`, so no live save is touched). Never removed:
-    the target of ``latest`` and anything in ``protect``. A damaged checkpoint *newer* than
-    the kept ones stays for inspection; resume skips it. The check here is the cheap one
-    (manifest + sizes, ``deep=False``): re-hashing every kept checkpoint on every save would
-    cost a full read of K checkpoints.
+    Deleted: final checkpoints older than the ``keep``-th newest verified one (so only ever
+    older than the newest verified one), every ``.tmp`` leftover of a killed save, ``.old``
+    copies whose step has a verified final checkpoint again (:func:`restore_set_aside` runs
+    first) and ``.del`` leftovers of an interrupted deletion. Only rank 0 writes, and only
+    inside :func:`commit` or between :func:`prepare_staging` and :func:`commit`, so no live
+    save is touched. Never deleted: the target of ``latest``, anything in ``protect``, and a
+    checkpoint that fails the check: that one is *quarantined* (moved to ``quarantine/``
+    with its reason) so neither a resume nor a later prune can mistake it for garbage. The
+    check here is the cheap one (manifest + sizes, ``deep=False``): re-hashing every kept
+    checkpoint on every save would cost a full read of K checkpoints.
+
+    A storage error (EACCES, EIO, ESTALE, ...) raises :class:`recovery.storage.StorageError`
+    before anything else is deleted: an unreadable checkpoint is not a corrupt one.
     """
     st = storage or LocalStorage()
     root = Path(root)
@@ -273,36 +333,54 @@ def prune(
     if latest:
         protected.add(latest)
     finals: list[tuple[int, str]] = []
-    leftovers: list[str] = []
+    leftovers: list[tuple[int, str, str]] = []
     for name in st.list_dir(root):
         parsed = parse_dir_name(name)
         if parsed is None or not st.is_dir(root / name):
             continue
         step, suffix = parsed
         if suffix:
-            leftovers.append(name)
+            leftovers.append((step, suffix, name))
         else:
             finals.append((step, name))
     finals.sort(reverse=True)
+    result = PruneResult()
     kept: list[int] = []
+    verified_steps: set = set()
+    doomed: list[str] = []
     for step, name in finals:
-        if len(kept) >= keep:
-            break
-        if verify(root / name, storage=st, deep=False) is None:
+        reason = verify(root / name, storage=st, deep=False)
+        if reason is None:
+            verified_steps.add(step)
+        else:
+            if name not in protected:
+                dest = quarantine(root, root / name, f"failed verification during prune: {reason}",
+                                  storage=st, clock=clock)
+                result.quarantined.append((root / name, dest, reason))
+            continue
+        if len(kept) < keep:
             kept.append(step)
-    removed: list[Path] = []
-    if len(kept) >= keep:
-        oldest_kept = min(kept)
-        for step, name in finals:
-            if step < oldest_kept and name not in protected:
-                st.remove_tree(root / name)
-                removed.append(root / name)
-    for name in leftovers:
-        st.remove_tree(root / name)
-        removed.append(root / name)
-    if removed:
+        elif name not in protected:
+            doomed.append(name)
+    for step, suffix, name in leftovers:
+        if suffix == ASIDE_SUFFIX and step not in verified_steps:
+            continue  # a committed copy whose re-save did not verify: keep it (resume may load it)
+        doomed.append(name)
+    for name in doomed:
+        parsed = parse_dir_name(name)
+        if parsed and parsed[1] != DELETE_SUFFIX:
+            gone = root / (dir_name(parsed[0]) + DELETE_SUFFIX)
+            if st.exists(gone):
+                st.remove_tree(gone)
+            st.rename(root / name, gone)  # never half-deleted under a name a resume would look at
+            st.fsync_dir(root)
+        else:
+            gone = root / name
+        st.remove_tree(gone)
+        result.removed.append(root / name)
+    if result.removed:
         st.fsync_dir(root)
-    return removed
+    return result
 
 
 def manifest_of(path: Path, *, storage: Optional[LocalStorage] = None) -> dict[str, Any]:
@@ -312,6 +390,13 @@ def manifest_of(path: Path, *, storage: Optional[LocalStorage] = None) -> dict[s
     if not isinstance(doc, dict):
         raise ValueError("manifest is not a JSON object")
     return doc
+
+
+def _storage_error(e: OSError, path: Path) -> Optional[StorageError]:
+    err = classify(e)
+    if err is not None and err.filename in ("?", "None"):
+        err = StorageError(err.kind, e.errno or 0, str(path), e.strerror or "")
+    return err
 
 
 def verify(
@@ -326,6 +411,10 @@ def verify(
     ``deep=False`` checks the manifest and file sizes only (cheap: used by the prune);
     ``deep=True`` also re-hashes every file (a full read, ``threads`` files at a time; used
     before loading).
+
+    A reason means *corrupt or incomplete*: a checksum, size, listing or manifest failure. A
+    file that cannot be read at all (EACCES, EIO, ESTALE, ...) says nothing about the bytes,
+    so it raises :class:`recovery.storage.StorageError` instead (which file, which errno).
     """
     st = storage or LocalStorage()
     path = Path(path)
@@ -336,11 +425,18 @@ def verify(
         return "not a checkpoint directory name (iter_NNNNNNN)"
     if parsed[1] == STAGING_SUFFIX:
         return "staging directory: the save never committed (killed during the save?)"
+    if parsed[1] == DELETE_SUFFIX:
+        return "being deleted by a prune"
     if not st.exists(path / MANIFEST):
         return "no manifest.json: incomplete or not written by slurmtron's commit"
     try:
         doc = manifest_of(path, storage=st)
-    except (OSError, ValueError, UnicodeDecodeError) as e:
+    except OSError as e:
+        err = _storage_error(e, path / MANIFEST)
+        if err is not None:
+            raise err from e
+        return f"manifest.json unreadable: {e}"
+    except (ValueError, UnicodeDecodeError) as e:
         return f"manifest.json unreadable: {e}"
     if doc.get("format") != FORMAT or doc.get("version") != FORMAT_VERSION:
         return f"manifest format {doc.get('format')!r} v{doc.get('version')!r}, expected {FORMAT!r} v{FORMAT_VERSION}"
@@ -351,7 +447,13 @@ def verify(
     files = doc.get("files")
     if not isinstance(files, dict) or not files:
         return "manifest lists no files"
-    present = set(f for f in st.list_files(path) if f != MANIFEST)
+    try:
+        present = set(f for f in st.list_files(path) if f != MANIFEST)
+    except OSError as e:
+        err = _storage_error(e, path)
+        if err is not None:
+            raise err from e
+        return f"cannot list {path.name}: {e}"
     missing = sorted(set(files) - present)
     if missing:
         return f"missing file {missing[0]}" + (f" (+{len(missing) - 1} more)" if len(missing) > 1 else "")
@@ -363,6 +465,9 @@ def verify(
         try:
             size = st.size(path / rel)
         except OSError as e:
+            err = _storage_error(e, path / rel)
+            if err is not None:
+                raise err from e
             return f"cannot stat {rel}: {e}"
         if size != entry.get("size"):
             return f"size mismatch {rel}: {size} bytes on disk, {entry.get('size')} in manifest"
@@ -371,6 +476,9 @@ def verify(
             try:
                 _n, digest = st.digest(path / rel)
             except OSError as e:
+                err = _storage_error(e, path / rel)
+                if err is not None:
+                    raise err from e
                 return f"cannot read {rel}: {e}"
             want = str(files[rel].get("blake2b"))
             if digest != want:

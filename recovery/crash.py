@@ -13,7 +13,10 @@ from srun's exit code (``--kill-on-bad-exit`` turns most endings into 143):
   attempt left no ``exit`` event at all (killed: OOM killer, segfault, lost node) → requeue;
 * ``requeue`` (rank 0 already ran ``scontrol requeue`` after the stop checkpoint),
   ``completed``, ``zero_progress``, ``max_restarts`` or a refusal such as
-  ``optimizer_mismatch`` → leave it: requeueing would only repeat a decision.
+  ``optimizer_mismatch`` → leave it: requeueing would only repeat a decision;
+* a ``stop`` whose reason is final (:data:`recovery.policy.FINAL_REASONS`: no loadable
+  checkpoint, another run's checkpoint, a storage error, a full disk, a held run lock) →
+  leave it, even if the attempt was killed before writing its ``exit`` event.
 
 A deterministic crash is bounded by the next attempt's own start decision: the
 zero-progress guard (``training.zero_progress_restarts``) and ``training.max_restarts``.
@@ -37,10 +40,16 @@ def attempt_events(events: list[dict], job_id: str, restart_count: int) -> list[
 def crashed(events: list[dict]) -> tuple[bool, str]:
     """(requeue?, why) from one attempt's events."""
     exits = [e for e in events if e.get("event") == "exit"]
+    final = [e.get("reason") for e in events if e.get("event") == "stop" and e.get("reason") in policy.FINAL_REASONS]
+    if not exits and final:
+        return False, f"the attempt stopped for good ({final[-1]}) and was killed before its exit event"
     if not exits:
         return True, "the attempt left no exit event (killed before it could write one)"
     last = exits[-1]
     stops = [e.get("reason") for e in events if e.get("event") == "stop"]
+    final = [r for r in stops if r in policy.FINAL_REASONS]
+    if final:
+        return False, f"the attempt stopped for good ({final[-1]}): another attempt would meet the same refusal"
     if last.get("reason") == "error" and (not stops or stops[-1] == "crash"):
         return True, f"the attempt crashed: {next((e.get('detail') for e in reversed(events) if e.get('event') == 'stop'), '')}"[:300]
     return False, f"the attempt ended with exit reason {last.get('reason')!r}" + (f" (stop: {stops[-1]})" if stops else "")

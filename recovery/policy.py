@@ -11,8 +11,21 @@ code  name                  meaning
                             launcher restarts it, the zero-progress guard bounds the loop
 3     EXIT_ZERO_PROGRESS    refused to start: N consecutive restarts made no new checkpoint
 4     EXIT_MAX_RESTARTS     refused to start: restart count above training.max_restarts
+5     EXIT_NO_LOADABLE      refused to start: checkpoints exist and none verifies (none is
+                            overwritten; training.restart_from_scratch=true quarantines them)
+6     EXIT_FOREIGN          refused to start: the newest checkpoint belongs to another run
+7     EXIT_STORAGE          stopped: a checkpoint cannot be read or written (EACCES, EIO,
+                            ESTALE, a missing mount): an environment error, nothing skipped
+8     EXIT_DISK_FULL        stopped: ENOSPC/EDQUOT during a save; the staging directory was
+                            removed, committed checkpoints kept
+9     EXIT_RUN_LOCKED       refused to start: another live attempt holds the run lock
 42    EXIT_REQUEUE          stop signal -> checkpoint committed -> asked Slurm to requeue
 ====  ====================  ==============================================================
+
+Codes 3-9 are final: neither the local launcher nor ``recovery.crash`` starts another
+attempt after them, because another attempt would meet the same refusal (a full disk does
+not empty itself; an unreadable file does not fix its permissions). The run stops with the
+reason in ``events.jsonl`` (a ``stop`` event) and on the terminal.
 
 How a stop becomes a requeue
 ----------------------------
@@ -70,7 +83,24 @@ EXIT_COMPLETED = 0
 EXIT_CRASH = 1
 EXIT_ZERO_PROGRESS = 3
 EXIT_MAX_RESTARTS = 4
+EXIT_NO_LOADABLE = 5
+EXIT_FOREIGN = 6
+EXIT_STORAGE = 7
+EXIT_DISK_FULL = 8
+EXIT_RUN_LOCKED = 9
 EXIT_REQUEUE = 42
+
+# stop reason -> exit code, for every final stop (no requeue, no relaunch)
+FINAL_REASONS = {
+    "zero_progress": EXIT_ZERO_PROGRESS,
+    "max_restarts": EXIT_MAX_RESTARTS,
+    "no_loadable_checkpoint": EXIT_NO_LOADABLE,
+    "foreign_checkpoint": EXIT_FOREIGN,
+    "storage_error": EXIT_STORAGE,
+    "disk_full": EXIT_DISK_FULL,
+    "run_locked": EXIT_RUN_LOCKED,
+}
+FINAL_CODES = (EXIT_COMPLETED,) + tuple(sorted(set(FINAL_REASONS.values())))
 
 PROGRESS_FILE = "progress.json"
 FAILED_NODES_FILE = "failed_nodes.json"

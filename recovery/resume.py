@@ -16,14 +16,25 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
-from recovery.commit import ASIDE_SUFFIX, manifest_of, parse_dir_name, read_latest, verify
-from recovery.storage import LocalStorage
+from recovery.commit import (
+    ASIDE_SUFFIX,
+    DELETE_SUFFIX,
+    STAGING_SUFFIX,
+    _storage_error,
+    manifest_of,
+    parse_dir_name,
+    read_latest,
+    verify,
+)
+from recovery.quarantine import QUARANTINE_DIR, list_quarantine, quarantine
+from recovery.storage import LocalStorage, StorageError
 
-__all__ = ["Resume", "find_latest_verified", "main", "verify"]  # verify lives with the commit it checks
+__all__ = ["Resume", "ResumePlan", "find_latest_verified", "plan_resume", "explain", "main", "verify"]
 
 
 @dataclass
@@ -35,6 +46,35 @@ class Resume:
     meta: dict = field(default_factory=dict)
     skipped: list = field(default_factory=list)  # [(path, reason)] newer candidates passed over, newest first
     latest_hint: Optional[str] = None  # what the `latest` file said (may disagree; it is only a hint)
+    owner: Optional[dict] = None  # the manifest's ``run`` (name, id, model) of the chosen checkpoint
+
+
+def _list_root(root: Path, st: LocalStorage) -> list[str]:
+    try:
+        return st.list_dir(root)
+    except OSError as e:
+        err = _storage_error(e, root)
+        if err is not None:
+            raise err from e
+        raise
+
+
+def candidates_of(root: Path, *, storage: Optional[LocalStorage] = None) -> list[tuple[int, str, str]]:
+    """Every checkpoint-like directory under ``root``: [(step, suffix, name)], newest first.
+
+    At equal step: the final name, then ``.old``, then ``.tmp``. ``.del`` (a deletion the
+    prune had begun) and ``quarantine/`` are not candidates.
+    """
+    st = storage or LocalStorage()
+    root = Path(root)
+    out = []
+    for name in _list_root(root, st):
+        parsed = parse_dir_name(name)
+        if parsed is None or parsed[1] == DELETE_SUFFIX or not st.is_dir(root / name):
+            continue
+        out.append((parsed[0], parsed[1], name))
+    out.sort(key=lambda c: (-c[0], {"": 0, ASIDE_SUFFIX: 1}.get(c[1], 2)))
+    return out
 
 
 def find_latest_verified(
@@ -50,41 +90,240 @@ def find_latest_verified(
     checkpoint that a re-save of the same step had moved aside when it was killed, so it is
     loaded if it verifies; a ``.tmp`` never is. Older checkpoints than the one chosen are not
     read at all, so the cost is one deep verification in the common case.
+
+    Raises :class:`recovery.storage.StorageError` when a candidate cannot be read at all: the
+    search does not fall back past a checkpoint it could not judge.
     """
     st = storage or LocalStorage()
     root = Path(root)
     hint = read_latest(root, storage=st)
-    candidates = []
-    for name in st.list_dir(root):
-        parsed = parse_dir_name(name)
-        if parsed is None or not st.is_dir(root / name):
-            continue
-        step, suffix = parsed
-        candidates.append((step, {"": 0, ASIDE_SUFFIX: 1}.get(suffix, 2), name))
-    candidates.sort(key=lambda c: (-c[0], c[1]))
     skipped: list = []
-    for step, _order, name in candidates:
+    for step, _suffix, name in candidates_of(root, storage=st):
         path = root / name
         reason = verify(path, storage=st, deep=deep)
         if reason is None:
-            meta = manifest_of(path, storage=st).get("meta") or {}
-            return Resume(path=path, step=step, meta=meta, skipped=skipped, latest_hint=hint)
+            doc = manifest_of(path, storage=st)
+            return Resume(path=path, step=step, meta=doc.get("meta") or {}, skipped=skipped, latest_hint=hint,
+                          owner=doc.get("run"))
         skipped.append((path, reason))
     return Resume(path=None, step=None, meta={}, skipped=skipped, latest_hint=hint)
 
 
+# ---- whose checkpoint is it ---------------------------------------------------------------
+
+def owner_problem(owner: Optional[dict], identity: Optional[dict], meta: Optional[dict] = None) -> Optional[str]:
+    """Why a checkpoint whose manifest says ``owner`` is not this run's (``identity``), or None.
+
+    Both are ``{"name", "id", "model"}``. A different run name, a different run id (the run
+    directory was created anew under the same name) or a different model shape is another
+    run's checkpoint. A manifest without an owner (written before manifests carried one) is
+    judged by its model shape only (``meta["model"]``).
+    """
+    if identity is None:
+        return None
+    if not owner:
+        shape = (meta or {}).get("model")
+        if shape is not None and identity.get("model") is not None and shape != identity.get("model"):
+            return f"model shape {shape} != this run's {identity.get('model')}"
+        return None
+    if owner.get("name") != identity.get("name"):
+        return f"written by run {owner.get('name')!r} (id {owner.get('id')}), this is run {identity.get('name')!r}"
+    if identity.get("id") and owner.get("id") != identity.get("id"):
+        return (f"written by an earlier run named {owner.get('name')!r} with run id {owner.get('id')}; this run "
+                f"directory's run id is {identity.get('id')} (the run directory was created anew)")
+    if identity.get("model") is not None and owner.get("model") not in (None, identity.get("model")):
+        return f"model shape {owner.get('model')} != this run's {identity.get('model')}"
+    return None
+
+
+# ---- the start decision: resume, start, or refuse --------------------------------------------
+
+@dataclass
+class ResumePlan:
+    """What an attempt does with the checkpoints it finds (:func:`plan_resume`).
+
+    ``action`` is ``resume`` (``path``/``step``), ``start`` (step 0) or ``refuse`` (``reason``,
+    ``detail``; the worker exits with the reason's exit code and Slurm does not requeue).
+    ``notices`` are the visible fallbacks: each is a WARNING line and an event
+    ``{"event": kind, "message": text, **fields}``.
+    """
+
+    action: str
+    reason: str
+    detail: str = ""
+    path: Optional[Path] = None
+    step: Optional[int] = None
+    meta: dict = field(default_factory=dict)
+    notices: list = field(default_factory=list)
+
+
+def committed_steps(events: list) -> list:
+    """Steps the run's event log says were committed, since its last explicit start-over."""
+    steps: list = []
+    for e in events:
+        if e.get("event") == "start_over":
+            steps = []
+        elif e.get("event") == "checkpoint_saved" and e.get("step") is not None:
+            steps.append(e.get("step"))
+    return steps
+
+
+def plan_resume(
+    root: Path,
+    *,
+    identity: Optional[dict] = None,
+    committed: Sequence[int] = (),
+    restart_from_scratch: bool = False,
+    apply: bool = True,
+    storage: Optional[LocalStorage] = None,
+    clock: Callable[[], float] = time.time,
+) -> ResumePlan:
+    """Decide how an attempt starts; never falls back silently, never deletes.
+
+    * A checkpoint that cannot be read at all (EACCES, EIO, ESTALE, a missing mount: the
+      directory is gone although ``committed`` says checkpoints were written) -> refuse,
+      reason ``storage_error``. Nothing is skipped, pruned or quarantined on that evidence.
+    * ``restart_from_scratch`` (the caller passes it on a fresh submission only) -> every
+      existing checkpoint is moved to ``quarantine/`` and the run starts at step 0.
+    * The newest verified checkpoint belongs to another run -> refuse, ``foreign_checkpoint``.
+    * One verifies -> resume from it; every newer one passed over is a notice, and a corrupt
+      committed one (checksum/completeness) is quarantined. A ``latest`` naming a directory
+      that no longer exists is a notice too.
+    * Checkpoints exist (committed, set aside, or a staged save when ``committed`` is not
+      empty) and none verifies -> refuse, ``no_loadable_checkpoint``, listing each and why.
+      A lone staged save of a run that never committed anything (killed in its first save)
+      is not a checkpoint that could be lost: that starts at step 0, with a notice.
+
+    ``apply=False`` changes nothing on disk (``python -m recovery.resume`` explains with it).
+    """
+    st = storage or LocalStorage()
+    root = Path(root)
+    notices: list = []
+    try:
+        if not st.is_dir(root):
+            if committed and not restart_from_scratch:
+                return ResumePlan(
+                    "refuse", "storage_error",
+                    f"checkpoint directory {root} is missing, but the event log records committed checkpoints "
+                    f"(steps {', '.join(str(s) for s in committed[-3:])}): is its filesystem mounted? Nothing "
+                    f"was started; to start over deliberately set training.restart_from_scratch=true")
+            return ResumePlan("start", "start", "no checkpoint directory yet")
+        found = candidates_of(root, storage=st)
+        if restart_from_scratch:
+            for step, suffix, name in found:
+                dest = quarantine(root, root / name, "training.restart_from_scratch=true", storage=st,
+                                  clock=clock) if apply else None
+                notices.append({"event": "quarantine", "path": str(root / name), "to": str(dest),
+                                "reason": "training.restart_from_scratch=true",
+                                "message": f"restart_from_scratch: moving {root / name} to {dest or 'quarantine/'}"})
+            return ResumePlan("start", "restart_from_scratch",
+                              f"starting at step 0 as asked; {len(found)} earlier checkpoint(s) moved to "
+                              f"{root / QUARANTINE_DIR}", notices=notices)
+        res = find_latest_verified(root, storage=st)
+    except StorageError as e:
+        return ResumePlan("refuse", "storage_error",
+                          f"cannot read the checkpoints: {e}. This is an environment error (permissions, quota, "
+                          f"I/O, a stale or missing mount), not a corrupt checkpoint: nothing was skipped, "
+                          f"pruned or quarantined; fix access and resubmit")
+    hint = res.latest_hint
+    if hint and not st.exists(root / hint):
+        notices.append({"event": "resume_fallback", "skipped": str(root / hint), "reason": "latest_target_missing",
+                        "message": f"'latest' names {hint}, which does not exist; searching the directory instead"})
+    if res.path is not None:
+        problem = owner_problem(res.owner, identity, res.meta)
+        if problem:
+            return ResumePlan("refuse", "foreign_checkpoint",
+                              f"{res.path} is not this run's checkpoint: {problem}. Nothing was loaded or changed; "
+                              f"give this run its own directory (run.name / cluster.checkpoint_root) or start over "
+                              f"deliberately with training.restart_from_scratch=true")
+        if res.owner is None and identity is not None:
+            notices.append({"event": "resume_fallback", "skipped": None, "reason": "no_owner",
+                            "message": f"{res.path} records no owner (an older manifest); its model shape matches, "
+                                       f"loading it"})
+    for path, reason in res.skipped:
+        parsed = parse_dir_name(Path(path).name)
+        notices.append({"event": "resume_fallback", "skipped": str(path), "reason": reason,
+                        "message": f"skipping checkpoint {path}: {reason}"})
+        if res.path is not None and parsed and parsed[1] != STAGING_SUFFIX:
+            dest = quarantine(root, Path(path), reason, storage=st, clock=clock) if apply else None
+            notices.append({"event": "quarantine", "path": str(path), "to": str(dest), "reason": reason,
+                            "message": f"quarantined {path} -> {dest or 'quarantine/'}: {reason}"})
+    if res.path is not None:
+        return ResumePlan("resume", "resume", f"newest verified checkpoint {res.path}", path=res.path,
+                          step=res.step, meta=res.meta, notices=notices)
+    committed_like = [p for p, _r in res.skipped if parse_dir_name(Path(p).name)[1] != STAGING_SUFFIX]
+    if res.skipped and (committed_like or committed):
+        listing = "; ".join(f"{Path(p).name}: {r}" for p, r in res.skipped)
+        return ResumePlan("refuse", "no_loadable_checkpoint",
+                          f"{len(res.skipped)} checkpoint(s) in {root} and none verifies ({listing}). Not starting "
+                          f"over on my own: inspect them, or start from step 0 deliberately with "
+                          f"training.restart_from_scratch=true (they are moved to {root / QUARANTINE_DIR}, "
+                          f"not deleted)", notices=notices)
+    if committed and not res.skipped:
+        return ResumePlan("refuse", "storage_error",
+                          f"{root} holds no checkpoint, but the event log records committed checkpoints (steps "
+                          f"{', '.join(str(s) for s in committed[-3:])}): were they moved, deleted, or is this "
+                          f"the wrong filesystem? Nothing was started; to start over deliberately set "
+                          f"training.restart_from_scratch=true")
+    if res.skipped:
+        notices.append({"event": "resume_fallback", "skipped": str(res.skipped[0][0]), "reason": "torn_first_save",
+                        "message": "the only checkpoint is a staged save that never committed, and the run never "
+                                   "committed one: starting at step 0"})
+    return ResumePlan("start", "start", "no checkpoint yet", notices=notices)
+
+
+def explain(root: Path, *, storage: Optional[LocalStorage] = None) -> tuple[int, str]:
+    """``python -m recovery.resume ROOT``: (exit code, text) saying what a restart would do, and why."""
+    st = storage or LocalStorage()
+    root = Path(root)
+    if not st.exists(root):
+        return 2, f"error: {root} does not exist"
+    if not st.is_dir(root):
+        return 2, f"error: {root} is not a directory (give the run's checkpoint directory, e.g. runs/NAME/checkpoints)"
+    lines = [f"checkpoint directory {root}"]
+    try:
+        found = candidates_of(root, storage=st)
+        hint = read_latest(root, storage=st)
+        lines.append(f"latest -> {hint or '(none)'}" + ("" if not hint or st.exists(root / hint) else
+                                                         "  (WARNING: that directory does not exist)"))
+        for step, _suffix, name in found:
+            reason = verify(root / name, storage=st)
+            lines.append(f"  {name}: {'verified' if reason is None else reason}")
+    except StorageError as e:
+        lines.append(f"  cannot read: {e} (an environment error, not a corrupt checkpoint)")
+    for name, reason in list_quarantine(root, storage=st):
+        lines.append(f"  quarantine/{name}: {reason}")
+    plan = plan_resume(root, apply=False, storage=st)
+    for n in plan.notices:
+        lines.append(f"WARNING: {n['message']}")
+    if plan.action == "resume":
+        lines.append(f"a restart would load {plan.path} (step {plan.step})")
+        code = 0
+    elif plan.action == "start":
+        lines.append(f"a restart would start at step 0: {plan.detail}")
+        code = 1
+    else:
+        lines.append(f"a restart would refuse ({plan.reason}): {plan.detail}")
+        code = 3
+    lines.append(json.dumps({"action": plan.action, "reason": plan.reason, "path": str(plan.path) if plan.path else None,
+                             "step": plan.step, "latest_hint": read_latest(root, storage=st), "meta": plan.meta},
+                            default=str))
+    return code, "\n".join(lines)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m recovery.resume CHECKPOINT_ROOT``: print what a restart would load, and why."""
+    """``python -m recovery.resume CHECKPOINT_ROOT``: print what a restart would load, and why.
+
+    Exit 0: it would resume; 1: nothing to resume (it would start at step 0); 3: it would
+    refuse (the reason is printed); 2: bad argument.
+    """
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
         print("usage: python -m recovery.resume CHECKPOINT_ROOT", file=sys.stderr)
         return 2
-    r = find_latest_verified(Path(args[0]))
-    for path, reason in r.skipped:
-        print(f"skip {path}: {reason}")
-    print(json.dumps({"path": str(r.path) if r.path else None, "step": r.step,
-                      "latest_hint": r.latest_hint, "meta": r.meta}, default=str))
-    return 0 if r.path else 1
+    code, text = explain(Path(args[0]))
+    print(text, file=sys.stderr if code == 2 else sys.stdout)
+    return code
 
 
 if __name__ == "__main__":  # pragma: no cover

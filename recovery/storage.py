@@ -11,13 +11,73 @@ Pure Python: no torch, so the login node can verify checkpoints too.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
 from pathlib import Path
+from typing import Optional
 
 HASH_NAME = "blake2b-256"
 _CHUNK = 8 << 20  # 8 MiB reads: large enough to reach sequential bandwidth, small enough for memory
+
+# What an OSError means for a checkpoint. Only a checksum or completeness failure (decided by
+# recovery.resume.verify from what *could* be read) marks a checkpoint corrupt; an error that
+# stops us from reading or writing at all says nothing about the bytes on disk.
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+# ENOENT / ENOTDIR inside a checkpoint are a completeness question (a missing file), answered by verify.
+_ABSENT_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR})
+
+
+class StorageError(OSError):
+    """The filesystem refused an operation for a reason that is not the checkpoint's fault.
+
+    ``kind`` is ``disk_full`` (ENOSPC, EDQUOT) or ``environment`` (EACCES, EPERM, EIO, ESTALE,
+    ENOTCONN, a missing mount, ...). Neither may be answered by skipping, deleting or
+    quarantining a checkpoint: the run stops and says which file and which errno.
+    """
+
+    def __init__(self, kind: str, err: int, filename: str, detail: str = "") -> None:
+        self.kind = kind
+        self.filename = filename
+        name = errno.errorcode.get(err, str(err))
+        msg = f"{name} ({os.strerror(err) if err else 'error'}) on {filename}" + (f": {detail}" if detail else "")
+        super().__init__(err, msg)
+        self.errno_name = name
+
+    def __str__(self) -> str:
+        return self.args[1]
+
+
+def classify(exc: BaseException) -> Optional[StorageError]:
+    """The :class:`StorageError` an exception is (or wraps), or None for anything else.
+
+    Walks ``__cause__``/``__context__`` and the per-rank ``failures`` of a torch
+    ``CheckpointException``, so an ENOSPC raised deep inside a distributed save is found.
+    ENOENT/ENOTDIR are not storage errors (a missing file is for verification to judge).
+    """
+    seen: set = set()
+    stack = [exc]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, StorageError):
+            return e
+        if isinstance(e, OSError) and e.errno and e.errno not in _ABSENT_ERRNOS:
+            kind = "disk_full" if e.errno in DISK_FULL_ERRNOS else "environment"
+            return StorageError(kind, e.errno, str(e.filename or "?"), e.strerror or "")
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            for v in failures.values():
+                stack.append(v[0] if isinstance(v, tuple) else v)
+        stack.extend([getattr(e, "__cause__", None), getattr(e, "__context__", None)])
+    return None
+
+
+def _raise_walk_error(err: OSError) -> None:
+    raise err
 
 
 def new_hasher():
@@ -56,7 +116,7 @@ class LocalStorage:
     def list_files(self, root: Path) -> list[str]:
         """Every regular file under ``root``, as sorted POSIX paths relative to it."""
         out = []
-        for dirpath, _dirs, files in os.walk(root):
+        for dirpath, _dirs, files in os.walk(root, onerror=_raise_walk_error):
             for name in files:
                 full = Path(dirpath) / name
                 out.append(full.relative_to(root).as_posix())
@@ -64,10 +124,15 @@ class LocalStorage:
 
     def list_subdirs(self, root: Path) -> list[Path]:
         """``root`` and every directory below it (their entries need an fsync too)."""
-        return [Path(dirpath) for dirpath, _dirs, _files in os.walk(root)]
+        return [Path(dirpath) for dirpath, _dirs, _files in os.walk(root, onerror=_raise_walk_error)]
 
     def size(self, path: Path) -> int:
         return os.stat(path).st_size
+
+    def free_bytes(self, path: Path) -> int:
+        """Bytes available to this (unprivileged) user on the filesystem holding ``path``."""
+        st = os.statvfs(path)
+        return st.f_bavail * st.f_frsize
 
     def read_text(self, path: Path) -> str:
         with open(path, "r", encoding="utf-8") as f:

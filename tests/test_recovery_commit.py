@@ -148,11 +148,11 @@ def test_keep_prunes_oldest_and_never_the_latest_target(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["iter_0000020", "iter_0000030"]
     # latest pointing at an older checkpoint (set by hand to roll back) protects it from the prune
     (tmp_path / LATEST).write_text("iter_0000020\n")
-    removed = prune(tmp_path, keep=1)
+    removed = prune(tmp_path, keep=1).removed
     assert removed == []
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["iter_0000020", "iter_0000030"]
     (tmp_path / LATEST).write_text("iter_0000030\n")
-    assert prune(tmp_path, keep=1) == [final_path(tmp_path, 20)]
+    assert prune(tmp_path, keep=1).removed == [final_path(tmp_path, 20)]
 
 
 def test_prune_keeps_k_verified_not_k_directories(tmp_path):
@@ -183,8 +183,15 @@ def test_cli_prints_choice_and_skips(tmp_path, capsys):
     write_shards(tmp_path, 20)
     assert resume_main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "skip" in out and "iter_0000020.tmp" in out and '"step": 10' in out
-    assert resume_main([str(tmp_path / "none")]) == 1
+    assert "iter_0000020.tmp: staging directory" in out and '"step": 10' in out
+    assert "a restart would load" in out and "iter_0000010" in out
+    # a missing or non-directory path: one line on stderr, exit 2, no traceback, no JSON null
+    assert resume_main([str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "does not exist" in err
+    assert resume_main([str(tmp_path / LATEST)]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "not a directory" in err
 
 
 # ---- crash between any two storage operations ---------------------------------------------

@@ -1,0 +1,258 @@
+"""One writer per run: ``<run_dir>/run.lock``, held by rank 0 for the whole life of an attempt.
+
+Why a lock *file* created atomically, and not ``fcntl``/``flock``: the run directory lives on
+the cluster's shared filesystem and the two writers that must exclude each other run on
+different nodes (a resubmitted job, an overlapping ``dependency_chain`` continuation, a
+``pretrain.py`` on the login node). POSIX record locks over NFS depend on a working lock
+manager (``lockd``/NLM), and on Lustre ``flock`` is cluster-wide only with the ``flock`` mount
+option: with ``localflock`` (a common default) it silently excludes nobody on another node,
+and with ``noflock`` it fails. A lock that silently does not lock is worse than none.
+Creating a file with ``link(2)`` (the NFS-safe variant of ``O_CREAT|O_EXCL``: the complete
+holder record appears atomically, or the call fails because a lock exists) works the same on
+a local disk, NFSv3/v4 and Lustre. Its cost is that a holder which dies does not release it,
+so the record says who holds it and the next writer judges whether that holder is gone:
+
+* the same Slurm job id -> the same writer (a requeued attempt of the job): taken over;
+* the same host and a pid that no longer runs (or runs a different process: the pid's start
+  time is recorded) -> stale: taken over with a WARNING;
+* another Slurm job id that ``squeue`` no longer lists (ended) -> stale: taken over with a WARNING;
+* otherwise (the holder runs, or its host/job cannot be asked) -> refused, naming the holder.
+
+A takeover renames the stale record away (atomic; of two racing takers only one renames the
+record it judged, the other puts back what it moved and looks again) and then creates its own.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED",
+                           "CONFIGURING", "COMPLETING", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"})
+
+
+class RunLocked(RuntimeError):
+    """Another live writer holds the run. ``holder`` is its record."""
+
+    def __init__(self, path: Path, holder: "Holder", why: str) -> None:
+        self.path, self.holder, self.why = path, holder, why
+        super().__init__(f"run is locked by {holder.describe()} ({why}); lock file {path}. Wait for it to end, "
+                         f"or cancel it (scancel {holder.job_id})" if holder.job_id else
+                         f"run is locked by {holder.describe()} ({why}); lock file {path}. Wait for it to end; "
+                         f"if you are sure no process of it runs, remove {path}")
+
+
+@dataclass
+class Holder:
+    """The lock record (the file's JSON)."""
+
+    host: str
+    pid: int
+    pid_start: Optional[float] = None  # the process's start time (detects a reused pid)
+    job_id: Optional[str] = None  # SLURM_JOB_ID
+    restart_count: int = 0
+    start_time: float = 0.0  # unix seconds when the lock was taken
+    token: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+    def describe(self) -> str:
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.start_time)) if self.start_time else "?"
+        job = f"Slurm job {self.job_id} (restart {self.restart_count}), " if self.job_id else ""
+        return f"{job}pid {self.pid} on {self.host} since {when}"
+
+    @staticmethod
+    def from_text(text: str) -> Optional["Holder"]:
+        try:
+            doc = json.loads(text)
+            return Holder(host=str(doc["host"]), pid=int(doc["pid"]), pid_start=doc.get("pid_start"),
+                          job_id=doc.get("job_id"), restart_count=int(doc.get("restart_count") or 0),
+                          start_time=float(doc.get("start_time") or 0.0), token=str(doc.get("token") or ""))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+def process_start_time(pid: int) -> Optional[float]:
+    """When process ``pid`` started (None if it does not exist)."""
+    try:
+        import psutil
+
+        return float(psutil.Process(pid).create_time())
+    except Exception:  # psutil.NoSuchProcess, AccessDenied, or no psutil
+        return None
+
+
+def pid_alive(pid: int, start: Optional[float]) -> bool:
+    """Does ``pid`` still run the process that started at ``start`` (seconds, 1 s tolerance)?"""
+    now_start = process_start_time(pid)
+    if now_start is None:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return start is None
+    return start is None or abs(now_start - float(start)) < 1.0
+
+
+def squeue_states(job_ids: list, runner: Callable[..., Any] = subprocess.run) -> dict:
+    """{job id: state} of the jobs ``squeue`` still lists (pending, running, ...); ended jobs are absent.
+
+    Raises ``OSError`` when ``squeue`` is missing and ``RuntimeError`` when it fails: "cannot
+    tell" must not read as "not running".
+    """
+    ids = [str(j) for j in job_ids if j]
+    if not ids:
+        return {}
+    proc = runner(["squeue", "-h", "-o", "%i|%T", "-j", ",".join(ids)], capture_output=True, text=True, timeout=60)
+    text = f"{proc.stderr or ''}"
+    if proc.returncode != 0:
+        if "Invalid job id" in text:  # every id is unknown to slurmctld: all long gone
+            return {}
+        raise RuntimeError(f"squeue -j {','.join(ids)} exited {proc.returncode}: {text.strip()[:300]}")
+    out = {}
+    for line in (proc.stdout or "").splitlines():
+        jid, _, state = line.strip().partition("|")
+        if jid:
+            out[jid.split("_")[0]] = state.strip()
+    return out
+
+
+def slurm_job_active(job_id: str, runner: Callable[..., Any] = subprocess.run) -> Optional[bool]:
+    """True if ``squeue`` lists the job in an active state, False if not, None if it cannot be asked."""
+    try:
+        state = squeue_states([job_id], runner).get(str(job_id))
+    except (OSError, RuntimeError, subprocess.SubprocessError):
+        return None
+    return state is not None and state.split()[0].rstrip("+") in ACTIVE_STATES
+
+
+def judge(holder: Holder, me: Optional[Holder], *, host: str,
+          alive: Callable[[int, Optional[float]], bool] = pid_alive,
+          job_active: Callable[[str], Optional[bool]] = slurm_job_active) -> tuple[str, str]:
+    """(verdict, why) for an existing lock record: ``same`` | ``stale`` | ``held``."""
+    if me is not None and holder.job_id and me.job_id and str(holder.job_id) == str(me.job_id):
+        return "same", f"a requeued attempt of the same Slurm job {holder.job_id}"
+    if holder.host == host:
+        if alive(holder.pid, holder.pid_start):
+            return "held", f"pid {holder.pid} is running on this host"
+        if not holder.job_id:
+            return "stale", f"pid {holder.pid} on {host} no longer runs"
+    if holder.job_id:
+        active = job_active(str(holder.job_id))
+        if active is False:
+            return "stale", f"Slurm job {holder.job_id} has ended"
+        if active is None:
+            return "held", f"cannot ask Slurm whether job {holder.job_id} still runs"
+        return "held", f"Slurm job {holder.job_id} is still active"
+    return "held", f"it was taken on another host ({holder.host}) without a Slurm job id; cannot check that pid"
+
+
+@dataclass
+class Acquired:
+    """A lock this process holds; ``taken_over`` is the record it replaced (with why), if any."""
+
+    path: Path
+    holder: Holder
+    taken_over: Optional[Holder] = None
+    why: str = ""
+
+    def release(self) -> bool:
+        """Remove the lock if it is still ours (a takeover by a later attempt is left alone)."""
+        try:
+            current = Holder.from_text(self.path.read_text(encoding="utf-8"))
+        except OSError:
+            return False
+        if current is None or current.token != self.holder.token:
+            return False
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            return False
+        return True
+
+
+def me_from_env(env: Mapping[str, str], *, clock: Callable[[], float] = time.time) -> Holder:
+    """This process's record (host, pid and its start time, Slurm job id, restart count)."""
+    from recovery.policy import restart_count_from_env
+
+    pid = os.getpid()
+    return Holder(host=socket.gethostname(), pid=pid, pid_start=process_start_time(pid),
+                  job_id=env.get("SLURM_JOB_ID") or None, restart_count=restart_count_from_env(env),
+                  start_time=clock())
+
+
+def _link_new(path: Path, holder: Holder) -> bool:
+    """Create ``path`` holding ``holder`` atomically; False if a lock already exists."""
+    tmp = path.with_name(f"{path.name}.{holder.token}.new")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(json.dumps(asdict(holder), sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp)
+
+
+def acquire(path: Path, me: Holder, *, host: Optional[str] = None,
+            alive: Callable[[int, Optional[float]], bool] = pid_alive,
+            job_active: Callable[[str], Optional[bool]] = slurm_job_active, attempts: int = 5) -> Acquired:
+    """Take the run lock for ``me`` or raise :class:`RunLocked` naming the live holder."""
+    path = Path(path)
+    host = host or socket.gethostname()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(attempts):
+        if _link_new(path, me):
+            return Acquired(path, me)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            continue  # released between our link and our read: try again
+        holder = Holder.from_text(text)
+        if holder is None:
+            raise RunLocked(path, Holder(host="?", pid=0), f"unreadable lock record {text[:80]!r}")
+        verdict, why = judge(holder, me, host=host, alive=alive, job_active=job_active)
+        if verdict == "held":
+            raise RunLocked(path, holder, why)
+        aside = path.with_name(f"{path.name}.{me.token}.stale")
+        try:
+            os.rename(path, aside)
+        except FileNotFoundError:
+            continue
+        moved = Holder.from_text(aside.read_text(encoding="utf-8"))
+        if moved is None or moved.token != holder.token:  # another taker replaced it meanwhile: put it back
+            try:
+                os.link(aside, path)
+            except FileExistsError:
+                pass
+            os.unlink(aside)
+            continue
+        os.unlink(aside)
+        if _link_new(path, me):
+            return Acquired(path, me, taken_over=holder, why=why if verdict == "stale" else f"same writer: {why}")
+    raise RunLocked(path, Holder.from_text(path.read_text(encoding="utf-8")) if path.exists() else me,
+                    "the lock kept changing hands while taking it")
+
+
+def active_holder(path: Path, *, host: Optional[str] = None,
+                  alive: Callable[[int, Optional[float]], bool] = pid_alive,
+                  job_active: Callable[[str], Optional[bool]] = slurm_job_active) -> Optional[tuple[Holder, str]]:
+    """The live holder of ``path`` and why it counts as live, or None (no lock, or a stale one)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    holder = Holder.from_text(text)
+    if holder is None:
+        return Holder(host="?", pid=0), f"unreadable lock record {text[:80]!r}"
+    verdict, why = judge(holder, None, host=host or socket.gethostname(), alive=alive, job_active=job_active)
+    return (holder, why) if verdict == "held" else None
