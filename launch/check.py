@@ -56,6 +56,9 @@ def notes(job: Job) -> list[str]:
             f"(ceil({job.model.vocab_size} / lcm(make_vocab_size_divisible_by {job.model.make_vocab_size_divisible_by}"
             f", tp {job.parallelism.tp}) = {multiple}) * {multiple}; {padded - job.model.vocab_size} unused rows)"
         )
+    if mock_data_at_scale(job):
+        out.append(f"data=mock: {job.cluster.nodes} nodes would train on synthetic tokens; a real submission "
+                   "is refused without data=indexed data.path=<prefix> or force=true")
     if job.dp >= 1 and job.training.micro_batch_size >= 1:
         out.append(
             f"dp {job.dp} = world {job.world_size} / (tp {job.parallelism.tp} * pp {job.parallelism.pp}"
@@ -441,14 +444,30 @@ def _data(job: Job, path_exists: Callable[[str], bool]) -> list[Problem]:
         return [Problem("data.path", "an indexed dataset needs its prefix (without .bin/.idx)", "data.path = ''",
                         "set data.path=<prefix> (made by python -m launch.preprocess) or data=mock")]
     prefix = _resolve_data_path(job)
-    parent = os.path.dirname(prefix) or "."
-    if not path_exists(parent):
-        return []  # not visible from this machine (e.g. only on compute nodes): cannot check here
     missing = [prefix + ext for ext in (".bin", ".idx") if not path_exists(prefix + ext)]
-    if missing:
-        return [Problem("data.path", "the indexed dataset files are missing", f"not found: {', '.join(missing)}",
-                        "check data.path (a prefix: data/corpus_text_document for corpus_text_document.bin/.idx)")]
+    if missing and not job.force:
+        return [Problem("data.path", "the indexed dataset files are missing (checked on this machine)",
+                        f"not found: {', '.join(missing)}",
+                        "check data.path (a prefix: data/corpus_text_document for corpus_text_document.bin/.idx); "
+                        "a path only the compute nodes see needs force=true")]
     return []
+
+
+def mock_data_at_scale(job: Job) -> bool:
+    """A multi-node GPU Slurm job on synthetic tokens: almost certainly a forgotten ``data=``."""
+    c = job.cluster
+    return job.data.kind == "mock" and c.launcher == "slurm" and c.nodes > 1 and c.gpu != "cpu"
+
+
+def submission_problems(job: Job) -> list[Problem]:
+    """What only a real submission refuses (``plan.py`` and dry runs just note it)."""
+    if not mock_data_at_scale(job) or job.force or job.dry_run:
+        return []
+    c = job.cluster
+    return [Problem("data.kind", "a multi-node GPU job would pretrain on synthetic tokens (data=mock)",
+                    f"data=mock on {c.nodes} nodes x {c.gpus_per_node} {c.gpu}",
+                    "set data=indexed data.path=<prefix> (python -m launch.preprocess), "
+                    "or force=true to train on mock data on purpose")]
 
 
 def _optional(module: str) -> Any:

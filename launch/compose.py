@@ -5,13 +5,17 @@ Tests, ``plan.py`` and the worker use this; ``pretrain.py`` gets the same object
 """
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import typing
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from launch.config import Job, register_configs
+from launch.problems import Problem
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "hydra_conf"
 
@@ -22,6 +26,45 @@ def to_job(cfg: DictConfig) -> Job:
     if not isinstance(job, Job):
         raise TypeError(f"composed config is a {type(job).__name__}, expected Job (is base_job first in defaults?)")
     return job
+
+
+def unknown_keys(cfg: DictConfig) -> list[Problem]:
+    """Keys the schema does not have (added with ``+key=value``), each with a "did you mean".
+
+    Hydra refuses a plain typo (``run.nmae=x``) but suggests ``+run.nmae=x``, which it then adds
+    to the struct config; ``to_object`` drops it silently. Refuse it here instead.
+    """
+    out: list[Problem] = []
+
+    def walk(node: Any, cls: type, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key, value in node.items():
+            path = f"{prefix}{key}"
+            if key not in names:
+                close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.6)
+                out.append(Problem(path, "is not a field of the schema (launch/config.py); it would be ignored",
+                                   f"{cls.__name__} has no field {key!r}",
+                                   f"did you mean {prefix}{close[0]}=...?" if close else
+                                   f"drop {path}; the fields of {prefix.rstrip('.') or 'the job'} are "
+                                   f"{', '.join(names)}"))
+            elif dataclasses.is_dataclass(hints.get(key)) and isinstance(value, dict):
+                walk(value, hints[key], f"{path}.")
+
+    raw = OmegaConf.to_container(cfg, resolve=False)
+    if isinstance(raw, dict):
+        raw.pop("hydra", None)
+        walk(raw, Job, "")
+    return out
+
+
+def config_error(exc: Exception) -> str:
+    """One line for an OmegaConf error: the key and what is wrong (OmegaConf's text is multi-line)."""
+    key = getattr(exc, "full_key", "") or ""
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if type(exc).__name__ == "MissingMandatoryValue":
+        return f"{key}: has no value (???); set {key}=..."
+    return f"{key}: {msg}" if key and key not in msg else msg
 
 
 def compose_job(overrides: Sequence[str] = (), config_name: str = "config") -> Job:

@@ -155,7 +155,7 @@ class DataConfig:
 class RunConfig:
     """One named run: its directory holds config, script, job ids, logs and checkpoints."""
 
-    name: str = "default"  # runs/<name>/; the same name continues the same run
+    name: str = "${model.name}"  # runs/<name>/; the same name continues the same run (default: the model's name)
     dir: str = ""  # '' = <cluster.run_root>/<name>
     time_limit_min: int = 60  # --time for each job (slice) of the run
     dependency_chain: int = 0  # >0: pre-submit N afterany continuations (sites without requeue)

@@ -26,9 +26,10 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path[:] = [_ROOT] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
-from launch.check import _optional, check, notes  # noqa: E402
-from launch.compose import job_to_yaml, load_job, to_job  # noqa: E402
+from launch.check import _optional, check, notes, submission_problems  # noqa: E402
+from launch.compose import config_error, job_to_yaml, load_job, to_job, unknown_keys  # noqa: E402
 from launch.config import Job  # noqa: E402
 from launch.problems import Problem, format_problems  # noqa: E402
 
@@ -110,8 +111,21 @@ def record_member(job: Job, member: SweepMember, *, status: str, run_dir: Path, 
 
 def main(cfg: DictConfig, *, runner: Callable[..., Any] = subprocess.run, out: TextIO = sys.stdout,
          err: TextIO = sys.stderr, sweep: Optional[SweepMember] = None) -> int:
-    """Check, then dry-run / run locally / submit one composed job; returns the exit code."""
-    job = composed = to_job(cfg)
+    """Check, then dry-run / run locally / submit one composed job; returns the exit code.
+
+    A user mistake or a missing tool ends in one clear message and an exit code, never a
+    traceback: 2 refused (nothing written), 1 the submission failed (nothing left behind).
+    """
+    refused = 0 if sweep else EXIT_REFUSED
+    unknown = unknown_keys(cfg)
+    if unknown:
+        print(format_problems(unknown), file=err)
+        return refused
+    try:
+        job = composed = to_job(cfg)
+    except OmegaConfBaseException as exc:  # a missing value (???) or a bad interpolation
+        print(f"refused: {config_error(exc)}; nothing was submitted", file=err)
+        return refused
     if job.parallelism.name == "auto":
         planner = _optional("launch.planner")
         if planner is None or not hasattr(planner, "choose_layout"):
@@ -129,6 +143,7 @@ def main(cfg: DictConfig, *, runner: Callable[..., Any] = subprocess.run, out: T
     run_dir = Path(job.run_dir).absolute()
     problems = check(job)
     problems += shape_problems(job, run_dir)
+    problems += submission_problems(job)
     if not job.force:  # a failed `launch/preflight.py` of this run blocks the real submission
         from launch.preflight_checks import preflight_problems
 
@@ -146,18 +161,30 @@ def main(cfg: DictConfig, *, runner: Callable[..., Any] = subprocess.run, out: T
     text = OmegaConf.to_yaml(cfg, resolve=True) if job is composed else job_to_yaml(job)
     if job.dry_run:
         return _dry_run(job, run_dir, text, out)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(text)
+    from launch.submit import RunDirSnapshot, SubmitError, submit
+
+    before = RunDirSnapshot.take(run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        job.paths_at(run_dir).config.write_text(text)
+    except OSError as exc:
+        before.restore()
+        print(f"refused: cannot write the run directory {run_dir}: {exc.strerror or exc}; nothing was submitted\n"
+              f"    fix: set cluster.run_root=<a writable directory> (or run.dir=...)", file=err)
+        return refused
     if job.cluster.launcher == "local":
         from launch import local  # spawns the ranks (which import torch); this process does not
 
         return int(local.run(job, run_dir))
-    from launch.submit import SubmitError, submit
-
     try:
         subs = submit(job, run_dir, runner=runner)
     except SubmitError as exc:
-        print(f"submission failed: {exc}", file=err)
+        if exc.submitted:  # a dependency chain broke half-way: those jobs are queued, keep their record
+            ids = ", ".join(s.job_id or "?" for s in exc.submitted)
+            print(f"submission failed after job(s) {ids} were queued: {exc}", file=err)
+        else:
+            before.restore()
+            print(f"submission failed: {exc}; nothing was submitted or written", file=err)
         if sweep is not None:
             record_member(job, sweep, status="failed", run_dir=run_dir, reasons=[str(exc)])
             return 0

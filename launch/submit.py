@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from launch.config import Job
+from launch.paths import RunPaths
 from launch.render import render
 from recovery.events import read_events
 
@@ -31,7 +32,15 @@ _TEST_ONLY = re.compile(r"Job (\d+) to start at (\S+)")
 
 
 class SubmitError(RuntimeError):
-    """sbatch refused the script or printed something we cannot read; nothing was recorded."""
+    """sbatch refused the script, is missing, or printed something we cannot read.
+
+    ``submitted`` holds the jobs that were queued before the failure (a dependency chain that
+    broke half-way); empty means nothing was queued.
+    """
+
+    def __init__(self, message: str, submitted: Optional[list["Submission"]] = None):
+        super().__init__(message)
+        self.submitted = list(submitted or [])
 
 
 @dataclass
@@ -56,9 +65,16 @@ def parse_job_id(stdout: str) -> str:
 
 
 def _sbatch(runner: Runner, argv: list[str]) -> Any:
-    proc = runner(argv, capture_output=True, text=True)
+    try:
+        proc = runner(argv, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise SubmitError(f"{argv[0]} is not on PATH: this machine is not a Slurm login node "
+                          "(submit from one, or use cluster=local to train here)") from None
+    except OSError as exc:
+        raise SubmitError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
     if proc.returncode != 0:
-        raise SubmitError(f"{' '.join(argv)} exited {proc.returncode}: {(proc.stderr or proc.stdout or '').strip()}")
+        said = [line.strip() for line in (proc.stderr or proc.stdout or "").splitlines() if line.strip()]
+        raise SubmitError(f"{' '.join(argv)} exited {proc.returncode}: {said[-1] if said else '(no output)'}")
     return proc
 
 
@@ -87,7 +103,10 @@ def submit(job: Job, run_dir: str | Path, *, runner: Runner = subprocess.run,
     ``sbatch --test-only`` (the scheduler checks the script, nothing is queued) and records it.
     """
     run_dir = Path(run_dir)
-    script = write_script(job, run_dir, dependency=dependency)
+    try:
+        script = write_script(job, run_dir, dependency=dependency)
+    except OSError as exc:
+        raise SubmitError(f"cannot write {Path(run_dir) / SCRIPT_NAME}: {exc.strerror or exc}") from None
     if test_only:
         proc = _sbatch(runner, ["sbatch", "--test-only", str(script)])
         text = f"{proc.stdout or ''}{proc.stderr or ''}".strip()
@@ -102,12 +121,65 @@ def submit(job: Job, run_dir: str | Path, *, runner: Runner = subprocess.run,
     subs = [first]
     for _ in range(job.run.dependency_chain):
         dep = f"afterany:{subs[-1].job_id}"
-        proc = _sbatch(runner, ["sbatch", "--parsable", f"--dependency={dep}", str(script)])
+        try:
+            proc = _sbatch(runner, ["sbatch", "--parsable", f"--dependency={dep}", str(script)])
+        except SubmitError as exc:
+            raise SubmitError(str(exc), submitted=subs) from None
         sub = Submission(job_id=parse_job_id(proc.stdout), time=clock(), script=str(script), dependency=dep,
                          kind="continuation")
         _record(run_dir, sub)
         subs.append(sub)
     return subs
+
+
+@dataclass
+class RunDirSnapshot:
+    """The files a submission writes, as they were before it: a submission that did not happen
+    puts them back (removes what it created, restores what it overwrote), so a failed ``sbatch``
+    leaves no half-made run behind (whose config.yaml would later refuse another model)."""
+
+    run_dir: Path
+    created_from: Optional[Path]  # the topmost directory this submission will create (None: it exists)
+    files: dict  # path -> previous bytes, or None when the file did not exist
+    logs_existed: bool
+
+    @classmethod
+    def take(cls, run_dir: str | Path) -> "RunDirSnapshot":
+        paths = RunPaths.of(run_dir)
+        created, probe = None, Path(run_dir).absolute()
+        while not probe.exists() and probe != probe.parent:
+            created, probe = probe, probe.parent
+        files = {}
+        for path in (paths.config, paths.script):
+            try:
+                files[path] = path.read_bytes() if path.exists() else None
+            except OSError:
+                files[path] = None
+        return cls(Path(run_dir).absolute(), created, files, paths.logs.exists())
+
+    def restore(self) -> None:
+        """Undo the submission's writes; never touches a file the submission did not write."""
+        for path, data in self.files.items():
+            try:
+                if data is None:
+                    path.unlink(missing_ok=True)
+                else:
+                    path.write_bytes(data)
+            except OSError:
+                pass
+        dirs = [] if self.logs_existed else [RunPaths.of(self.run_dir).logs]
+        if self.created_from is not None:
+            probe = self.run_dir
+            while True:
+                dirs.append(probe)
+                if probe == self.created_from or probe == probe.parent:
+                    break
+                probe = probe.parent
+        for d in dirs:
+            try:
+                d.rmdir()  # only if empty
+            except OSError:
+                pass
 
 
 def read_submissions(run_dir: str | Path) -> list[dict]:

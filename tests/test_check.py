@@ -149,9 +149,12 @@ def test_indexed_dataset_files_must_exist_when_visible(tmp_path):
     assert check(job) == []
 
 
-def test_indexed_dataset_on_an_invisible_filesystem_is_not_refused():
+def test_indexed_dataset_not_visible_here_is_refused_unless_forced():
     job = compose_job(LOCAL_TINY + ["data=indexed", "data.path=/nonexistent-fs/corpus"])
-    assert check(job) == []
+    (problem,) = check(job)
+    assert problem.field == "data.path" and "/nonexistent-fs/corpus.bin" in problem.arithmetic
+    assert "force=true" in problem.fix  # a path only the compute nodes see
+    assert check(compose_job(LOCAL_TINY + ["data=indexed", "data.path=/nonexistent-fs/corpus", "force=true"])) == []
 
 
 def test_vocab_padding_is_reported_with_its_arithmetic():

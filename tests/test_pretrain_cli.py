@@ -46,7 +46,7 @@ def test_dry_run_prints_a_valid_script_imports_no_torch_and_writes_nothing(tmp_p
     assert subprocess.run(["bash", "-n"], input=proc.stdout, text=True, timeout=30).returncode == 0
     for line in ("#SBATCH --requeue", "#SBATCH --signal=USR2@300", "#SBATCH --open-mode=append",
                  "#SBATCH --nodes=16", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
-                 "#SBATCH --time=60", "#SBATCH --partition=gpu", "#SBATCH --job-name=default", "lfs setstripe"):
+                 "#SBATCH --time=60", "#SBATCH --partition=gpu", "#SBATCH --job-name=30b", "lfs setstripe"):
         assert line in proc.stdout
     assert "#   num_layers: 60" in proc.stdout  # the composed config, as comments
     assert list(tmp_path.iterdir()) == []  # no outputs/, no run directory
@@ -73,17 +73,17 @@ def test_multirun_skips_invalid_members_submits_valid_ones_and_keeps_a_registry(
     (bin_dir / "sbatch").chmod(0o755 | stat.S_IEXEC)
     env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_SBATCH_LOG": str(tmp_path / "calls")}
     runs = tmp_path / "runs"
-    proc = run_cli([str(PRETRAIN), "-m", "cluster=lustre", "model=7b", f"cluster.run_root={runs}",
+    proc = run_cli([str(PRETRAIN), "-m", "cluster=lustre", "model=7b", f"cluster.run_root={runs}", "force=true",
                     "parallelism.tp=2,3,4"], cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (registry,) = list((runs / "sweeps").glob("*.jsonl"))
     assert (runs / "sweeps" / registry.stem / "multirun.yaml").exists()  # Hydra's record, beside the registry
     rows = [json.loads(line) for line in registry.read_text().splitlines()]
     assert [(r["job_num"], r["status"]) for r in rows] == [(0, "submitted"), (1, "refused"), (2, "submitted")]
-    assert [r["run_name"] for r in rows] == ["default_7b_0", "default_7b_1", "default_7b_2"]
+    assert [r["run_name"] for r in rows] == ["7b_7b_0", "7b_7b_1", "7b_7b_2"]
     assert rows[0]["job_id"] == "777" and rows[0]["overrides"][-1] == "parallelism.tp=2"
     assert any("model.num_attention_heads" in reason for reason in rows[1]["reasons"])
-    assert (runs / "default_7b_0" / "sbatch.sh").exists() and not (runs / "default_7b_1").exists()
+    assert (runs / "7b_7b_0" / "sbatch.sh").exists() and not (runs / "7b_7b_1").exists()
     assert len((tmp_path / "calls").read_text().splitlines()) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "calls", "runs"]  # no multirun/ folder
 

@@ -107,7 +107,7 @@ def _cfg(overrides):
 
 
 def test_pretrain_main_submits_and_fills_the_run_directory(tmp_path, fake_sbatch):
-    overrides = ["cluster=lustre", "model=7b", "run.name=r1", f"cluster.run_root={tmp_path / 'runs'}"]
+    overrides = ["cluster=lustre", "model=7b", "run.name=r1", f"cluster.run_root={tmp_path / 'runs'}", "force=true"]
     out = io.StringIO()
     assert pretrain.main(_cfg(overrides), out=out, err=io.StringIO()) == 0
     run_dir = tmp_path / "runs" / "r1"
@@ -127,5 +127,37 @@ def test_pretrain_main_submits_and_fills_the_run_directory(tmp_path, fake_sbatch
 def test_pretrain_main_reports_a_failed_submission(tmp_path, fake_sbatch, monkeypatch):
     monkeypatch.setenv("FAKE_SBATCH_FAIL", "1")
     err = io.StringIO()
-    rc = pretrain.main(_cfg(["cluster=lustre", "model=7b", f"cluster.run_root={tmp_path}"]), out=io.StringIO(), err=err)
+    runs = tmp_path / "runs"
+    rc = pretrain.main(_cfg(["cluster=lustre", "model=7b", f"cluster.run_root={runs}", "force=true"]),
+                       out=io.StringIO(), err=err)
     assert rc == pretrain.EXIT_SUBMIT_FAILED and "Invalid account" in err.getvalue()
+    assert err.getvalue().strip().splitlines()[-1].startswith("submission failed:")
+    assert not runs.exists()  # nothing left behind: no config.yaml that would refuse the next model
+
+
+def test_a_failed_submission_restores_a_continued_run(tmp_path, fake_sbatch, monkeypatch):
+    overrides = ["cluster=lustre", "model=7b", "run.name=r", f"cluster.run_root={tmp_path / 'runs'}", "force=true"]
+    assert pretrain.main(_cfg(overrides), out=io.StringIO(), err=io.StringIO()) == 0
+    run_dir = tmp_path / "runs" / "r"
+    config, script = (run_dir / "config.yaml").read_text(), (run_dir / "sbatch.sh").read_text()
+    monkeypatch.setenv("FAKE_SBATCH_FAIL", "1")
+    assert pretrain.main(_cfg(overrides + ["run.time_limit_min=120"]), out=io.StringIO(), err=io.StringIO()) == 1
+    assert (run_dir / "config.yaml").read_text() == config and (run_dir / "sbatch.sh").read_text() == script
+    assert [r["job_id"] for r in read_submissions(run_dir)] == ["4242"]
+
+
+def test_a_broken_dependency_chain_keeps_the_jobs_it_queued(tmp_path):
+    calls = []
+
+    def runner(argv, **kw):
+        calls.append(argv)
+        ok = len(calls) == 1
+        return type("P", (), {"returncode": 0 if ok else 1, "stdout": "11\n" if ok else "",
+                              "stderr": "" if ok else "sbatch: error: QOSMaxSubmitJobPerUserLimit"})()
+
+    err = io.StringIO()
+    cfg = _cfg(["cluster=lustre", "model=7b", "run.name=c", f"cluster.run_root={tmp_path}", "force=true",
+                "run.dependency_chain=2"])
+    assert pretrain.main(cfg, runner=runner, out=io.StringIO(), err=err) == 1
+    assert "after job(s) 11 were queued" in err.getvalue() and "QOSMaxSubmitJobPerUserLimit" in err.getvalue()
+    assert [r["job_id"] for r in read_submissions(tmp_path / "c")] == ["11"]
