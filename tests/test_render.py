@@ -174,7 +174,7 @@ def _fuzzed_job(name, path_part, partition, env_value, module, image, mount, pyt
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(name=with_newlines.filter(lambda s: "/" not in s and s not in (".", "..")), path_part=nasty_text,
+@given(name=with_newlines.filter(lambda s: s and "/" not in s and s not in (".", "..")), path_part=nasty_text,
        partition=with_newlines, env_value=with_newlines, module=nasty_text, image=nasty_text.filter(bool),
        mount=nasty_text.filter(lambda s: "," not in s), python=nasty_text.filter(lambda s: s.strip()))
 def test_config_strings_are_quoted_and_never_executed(name, path_part, partition, env_value, module, image, mount,
