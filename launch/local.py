@@ -11,7 +11,9 @@ It applies the same policy as a Slurm job with ``--requeue``:
 * every rank exits 0 -> done, return 0;
 * exit 42 (checkpointed on a stop signal, requeue asked) or a crash -> relaunch with
   attempt + 1; the worker's own :func:`recovery.policy.start_decision` ends the chain with
-  3 (zero progress) or 4 (max restarts), which are returned as they are;
+  3 (zero progress) or 4 (max restarts), which are returned as they are, like every other
+  final code of :data:`recovery.policy.FINAL_CODES` (e.g. 10: this machine's torch or
+  megatron-core cannot run the job, train/versions.py);
 * one rank dies -> the others are killed (like ``srun --kill-on-bad-exit``);
 * SIGINT/SIGTERM to this launcher are forwarded to the ranks (they save and exit 42), and
   an interrupted run is not relaunched: the user asked it to stop.
@@ -31,10 +33,11 @@ from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, TextIO
 
 from launch.dist_env import free_port
+from recovery.policy import FINAL_CODES
 
 EXIT_COMPLETED = 0
 EXIT_REQUEUE = 42
-TERMINAL = (0, 3, 4)  # codes after which nothing is relaunched
+TERMINAL = FINAL_CODES  # codes after which nothing is relaunched
 
 
 def rank_env(base: Mapping[str, str], rank: int, world: int, port: int, attempt: int, repo_root: str) -> dict:

@@ -15,7 +15,8 @@ from srun's exit code (``--kill-on-bad-exit`` turns most endings into 143):
   ``completed``, ``zero_progress``, ``max_restarts`` or a refusal such as
   ``optimizer_mismatch`` → leave it: requeueing would only repeat a decision;
 * a ``stop`` whose reason is final (:data:`recovery.policy.FINAL_REASONS`: no loadable
-  checkpoint, another run's checkpoint, a storage error, a full disk, a held run lock) →
+  checkpoint, another run's checkpoint, a storage error, a full disk, a held run lock,
+  torch/megatron-core outside the tested ranges: :mod:`train.versions`) →
   leave it, even if the attempt was killed before writing its ``exit`` event.
 
 A deterministic crash is bounded by the next attempt's own start decision: the

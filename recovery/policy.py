@@ -19,6 +19,8 @@ code  name                  meaning
 8     EXIT_DISK_FULL        stopped: ENOSPC/EDQUOT during a save; the staging directory was
                             removed, committed checkpoints kept
 9     EXIT_RUN_LOCKED       refused to start: another live attempt holds the run lock
+10    EXIT_UNSUPPORTED      refused to start: torch/megatron-core outside the tested ranges,
+                            or fp8 without TransformerEngine (train/versions.py)
 42    EXIT_REQUEUE          stop signal -> checkpoint committed -> asked Slurm to requeue
 ====  ====================  ==============================================================
 
@@ -88,6 +90,7 @@ EXIT_FOREIGN = 6
 EXIT_STORAGE = 7
 EXIT_DISK_FULL = 8
 EXIT_RUN_LOCKED = 9
+EXIT_UNSUPPORTED = 10
 EXIT_REQUEUE = 42
 
 # stop reason -> exit code, for every final stop (no requeue, no relaunch)
@@ -99,6 +102,7 @@ FINAL_REASONS = {
     "storage_error": EXIT_STORAGE,
     "disk_full": EXIT_DISK_FULL,
     "run_locked": EXIT_RUN_LOCKED,
+    "unsupported_software": EXIT_UNSUPPORTED,
 }
 FINAL_CODES = (EXIT_COMPLETED,) + tuple(sorted(set(FINAL_REASONS.values())))
 

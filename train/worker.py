@@ -110,6 +110,9 @@ def main(argv: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = No
     flag = StopFlag()
     install_handlers(flag)  # first: a signal during start-up is kept, not lost
     job = load_job(run_dir / "config.yaml")
+    from train.versions import refuse_unsupported  # before anything imports torch or megatron
+    if (refused := refuse_unsupported(run_dir, env, job.training.precision)) is not None:
+        return refused
 
     from launch import dist_env
 

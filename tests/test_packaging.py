@@ -1,0 +1,141 @@
+"""Packaging: the base install is the login side (no torch, no Megatron-Core); ranks add ``[train]``.
+
+The metadata test builds the package's core metadata with setuptools (the backend pip uses) in a
+copy of the project, so it reads what pip would install. The ``install`` test creates a fresh
+virtual environment (no system site-packages), installs only the base package into it and runs
+the three login-node entry points there; pip reads the machine's pip configuration (local wheel
+folders and indexes), so it needs no network where those hold the wheels.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from email.parser import Parser
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURE = REPO / "tests" / "fixtures" / "slurm_run"
+TRAIN_ONLY = {"torch", "megatron-core", "psutil"}
+
+
+def _requirements(metadata: str) -> tuple[set[str], dict[str, set[str]]]:
+    """(base requirement names, {extra: names}) from a METADATA file's Requires-Dist lines."""
+    msg = Parser().parsestr(metadata)
+    base: set[str] = set()
+    extras: dict[str, set[str]] = {e: set() for e in msg.get_all("Provides-Extra") or []}
+    for line in msg.get_all("Requires-Dist") or []:
+        req = Requirement(line)
+        marker = str(req.marker or "")
+        hit = [e for e in extras if f'extra == "{e}"' in marker]
+        if hit:
+            extras[hit[0]].add(req.name if not req.extras else f"{req.name}[{','.join(sorted(req.extras))}]")
+        else:
+            base.add(req.name)
+    return base, extras
+
+
+@pytest.fixture(scope="module")
+def metadata(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Core metadata built by setuptools' PEP 517 hook in a copy of the project."""
+    src = tmp_path_factory.mktemp("project")
+    shutil.copy(REPO / "pyproject.toml", src)
+    for pkg in ("launch", "train", "recovery", "analysis"):
+        shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    out = src / "meta"
+    out.mkdir()
+    code = ("import sys; from setuptools import build_meta as b; "
+            "print(b.prepare_metadata_for_build_wheel(sys.argv[1]))")
+    proc = subprocess.run([sys.executable, "-c", code, str(out)], cwd=src, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return (out / proc.stdout.strip().splitlines()[-1] / "METADATA").read_text()
+
+
+def test_torch_and_megatron_core_are_not_base_dependencies(metadata: str) -> None:
+    base, extras = _requirements(metadata)
+    assert not base & TRAIN_ONLY, f"base install pulls {sorted(base & TRAIN_ONLY)}"
+    assert {"hydra-core", "omegaconf", "submitit", "pandas", "pyarrow", "matplotlib"} <= base
+    assert TRAIN_ONLY <= extras["train"]
+    assert "slurmtron[train]" in extras["test"] and {"pytest", "pytest-timeout", "hypothesis"} <= extras["test"]
+
+
+def test_train_extra_is_a_range_and_the_cpu_constraints_pin_it(metadata: str) -> None:
+    msg = Parser().parsestr(metadata)
+    specs = {Requirement(r).name: Requirement(r).specifier for r in msg.get_all("Requires-Dist")
+             if 'extra == "train"' in r}
+    assert not any(s.operator == "==" for s in specs["torch"]) and len(specs["torch"]) == 2
+    pins = {Requirement(r).name: Requirement(r).specifier
+            for r in (REPO / "constraints" / "cpu.txt").read_text().splitlines() if r and not r.startswith("#")}
+    for name in ("torch", "megatron-core"):
+        (pin,) = list(pins[name])
+        assert pin.operator == "==" and specs[name].contains(pin.version), (name, pin, specs[name])
+
+
+def test_readme_commands_and_ci_agree() -> None:
+    readme = (REPO / "README.md").read_text()
+    ci = (REPO / ".ci" / "run").read_text().strip().splitlines()[-1]
+    quick = readme.split("## Quickstart", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    commands = [ln for ln in quick.splitlines() if ln.strip() and not ln.startswith("#")]
+    assert len(commands) == 2
+    assert commands[1].strip() == ci
+    assert all("-c constraints/cpu.txt" in c for c in commands)
+
+
+# ---- a fresh virtual environment with only the base install -------------------------------------
+
+@pytest.fixture(scope="module")
+def base_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One venv per session: ``pip install -e .`` without extras, as on a login node."""
+    root = tmp_path_factory.mktemp("venv") / "login"
+    venv.EnvBuilder(with_pip=True, system_site_packages=False, clear=True).create(root)
+    python = root / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    proc = subprocess.run([str(python), "-m", "pip", "install", "-q", "-e", str(REPO)], capture_output=True,
+                          text=True, timeout=900, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return python
+
+
+def _run(python: Path, args: list, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+    return subprocess.run([str(python), *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env=env)
+
+
+@pytest.mark.install
+def test_the_base_venv_has_no_torch_and_no_megatron(base_venv: Path, tmp_path: Path) -> None:
+    proc = _run(base_venv, ["-c", "import importlib.util as u; print(u.find_spec('torch'), "
+                                  "u.find_spec('megatron'), u.find_spec('hydra'))"], tmp_path)
+    none_torch, none_megatron, hydra = proc.stdout.split(maxsplit=2)
+    assert (none_torch, none_megatron) == ("None", "None") and hydra.startswith("ModuleSpec"), proc.stdout
+
+
+@pytest.mark.install
+def test_dry_run_from_the_base_venv(base_venv: Path, tmp_path: Path) -> None:
+    proc = _run(base_venv, [REPO / "launch" / "pretrain.py", "cluster=lustre", "model=7b", "dry_run=true",
+                            f"cluster.run_root={tmp_path}", "run.name=login-venv"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "#SBATCH --requeue" in proc.stdout and "-m train.worker" in proc.stdout
+
+
+@pytest.mark.install
+def test_plan_from_the_base_venv(base_venv: Path, tmp_path: Path) -> None:
+    proc = _run(base_venv, [REPO / "launch" / "plan.py", "model=7b", "cluster=lustre", "plan.format=json"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = json.loads(proc.stdout)
+    assert plan["fits"] is True and 0 < plan["mfu"] < 1
+
+
+@pytest.mark.install
+def test_report_from_the_base_venv(base_venv: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report"
+    proc = _run(base_venv, [REPO / "analysis" / "report.py", FIXTURE, "--out", out], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary and (out / "report.md").exists() and (out / "iterations.csv").exists()
