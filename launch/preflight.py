@@ -51,6 +51,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path[:] = [_ROOT] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 from launch.config import Job  # noqa: E402
+from launch.paths import RunPaths  # noqa: E402
 from launch.preflight_checks import (  # noqa: E402
     BREAKAGES, FAIL, PREFLIGHT_DIR, PREFLIGHT_FILE, Report, format_table, read_report, run_failed, write_report,
 )
@@ -121,8 +122,9 @@ def write_preflight_dir(job: Job, opts: Options, run_dir: Path) -> Path:
     from launch.compose import job_to_yaml
 
     pf_dir = run_dir / PREFLIGHT_DIR
-    (pf_dir / "logs").mkdir(parents=True, exist_ok=True)
-    (pf_dir / "config.yaml").write_text(job_to_yaml(preflight_job(job, opts)))
+    paths = RunPaths.of(pf_dir)
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    paths.config.write_text(job_to_yaml(preflight_job(job, opts)))
     (pf_dir / "options.json").write_text(json.dumps({
         "steps": opts.steps, "timeout_s": opts.timeout_s, "break": opts.brk, "run_dir": str(run_dir),
         "keep_checkpoint": opts.keep_checkpoint}, indent=1))
@@ -211,15 +213,14 @@ def submit_slurm(job: Job, run_dir: Path, pf_dir: Path, opts: Options, *, runner
                  out: TextIO, err: TextIO, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> int:
     """Render, ``sbatch --parsable``, and (``preflight.wait``) wait for ``preflight.json``."""
-    from launch.submit import SubmitError, parse_job_id
+    from launch.submit import SubmitError, parse_job_id, sbatch
+    from recovery.slurm import Slurm
 
-    script = pf_dir / "sbatch.sh"
+    slurm = Slurm(runner)
+    script = RunPaths.of(pf_dir).script
     script.write_text(render_preflight(job, run_dir, pf_dir, opts))
-    proc = runner(["sbatch", "--parsable", str(script)], capture_output=True, text=True)
     try:
-        if proc.returncode != 0:
-            raise SubmitError(f"sbatch exited {proc.returncode}: {(proc.stderr or proc.stdout or '').strip()}")
-        job_id = parse_job_id(proc.stdout)
+        job_id = parse_job_id(sbatch(slurm, script, "--parsable").out)
     except SubmitError as exc:
         print(f"preflight submission failed: {exc}", file=err)
         return EXIT_FAIL
@@ -231,24 +232,13 @@ def submit_slurm(job: Job, run_dir: Path, pf_dir: Path, opts: Options, *, runner
     while clock() < deadline:
         if (run_dir / PREFLIGHT_FILE).exists():
             return finish(run_dir, pf_dir, [0], out)
-        if not _in_queue(job_id, runner):
+        if not slurm.in_queue(job_id):
             sleep(2.0)  # the verdict is written before the ranks exit; allow for a slow shared filesystem
             ok = (run_dir / PREFLIGHT_FILE).exists()
             return finish(run_dir, pf_dir, [0 if ok else 1], out)
         sleep(5.0)
     print(f"preflight job {job_id}: no verdict after {opts.timeout_s + 600:g} s; check squeue/sacct", file=err)
     return EXIT_FAIL
-
-
-def _in_queue(job_id: str, runner: Callable[..., Any]) -> bool:
-    """Whether Slurm still lists the job (pending, running or completing); True if squeue cannot tell."""
-    try:
-        proc = runner(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return True
-    if proc.returncode != 0:
-        return "Invalid job id" not in (proc.stderr or "")
-    return bool((proc.stdout or "").strip())
 
 
 def main(argv: Sequence[str], *, runner: Callable[..., Any] = subprocess.run,

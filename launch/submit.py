@@ -6,27 +6,24 @@ signals and the training ranks: submitit bypasses SIGTERM (a preemption only log
 signal SIGTERM") and calls ``checkpoint()`` on rank 0 only (facebookincubator/submitit#9), while
 a Megatron checkpoint needs *all* ranks to agree to stop and to write their shards. So the
 script runs ``python -m train.worker RUN_DIR`` directly under srun, every rank installs its
-own handler, and this module only needs ``sbatch --parsable``. The runner is injected so the
-tests fake Slurm at the subprocess boundary.
+own handler, and this module only needs ``sbatch --parsable`` (through
+:class:`recovery.slurm.Slurm`). The runner is injected so the tests fake Slurm at the subprocess
+boundary.
 """
 from __future__ import annotations
 
 import json
 import re
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from launch.config import Job
 from launch.paths import RunPaths
 from launch.render import render
 from recovery.events import read_events
-
-Runner = Callable[..., Any]  # subprocess.run-compatible: runner(argv, capture_output=True, text=True)
-SCRIPT_NAME = "sbatch.sh"
-SUBMISSIONS_NAME = "submissions.jsonl"
+from recovery.slurm import Reply, Runner, Slurm, default_runner
 _JOB_ID = re.compile(r"^(\d+)(?:_\d+)?(?:;\S+)?$")
 _TEST_ONLY = re.compile(r"Job (\d+) to start at (\S+)")
 
@@ -64,35 +61,35 @@ def parse_job_id(stdout: str) -> str:
     return match.group(1)
 
 
-def _sbatch(runner: Runner, argv: list[str]) -> Any:
-    try:
-        proc = runner(argv, capture_output=True, text=True)
-    except FileNotFoundError:
-        raise SubmitError(f"{argv[0]} is not on PATH: this machine is not a Slurm login node "
-                          "(submit from one, or use cluster=local to train here)") from None
-    except OSError as exc:
-        raise SubmitError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
-    if proc.returncode != 0:
-        said = [line.strip() for line in (proc.stderr or proc.stdout or "").splitlines() if line.strip()]
-        raise SubmitError(f"{' '.join(argv)} exited {proc.returncode}: {said[-1] if said else '(no output)'}")
-    return proc
+def sbatch(slurm: Slurm, script: Path, *options: str) -> Reply:
+    """``sbatch <options> <script>``; a refusal or a missing sbatch is a :class:`SubmitError` in one line."""
+    r = slurm.sbatch(str(script), *options)
+    if isinstance(r.error, FileNotFoundError):
+        raise SubmitError("sbatch is not on PATH: this machine is not a Slurm login node "
+                          "(submit from one, or use cluster=local to train here)")
+    if isinstance(r.error, OSError):
+        raise SubmitError(f"cannot run sbatch: {r.error.strerror or r.error}")
+    if not r.ok:
+        said = [line.strip() for line in (r.err or r.out).splitlines() if line.strip()]
+        raise SubmitError(f"{' '.join(r.argv)} exited {r.rc}: {said[-1] if said else '(no output)'}")
+    return r
 
 
 def _record(run_dir: Path, sub: Submission) -> None:
-    with open(run_dir / SUBMISSIONS_NAME, "a") as fh:
+    with open(RunPaths.of(run_dir).submissions, "a") as fh:
         fh.write(json.dumps(asdict(sub), sort_keys=True) + "\n")
 
 
 def write_script(job: Job, run_dir: str | Path, *, dependency: Optional[str] = None) -> Path:
     """Render and write ``<run_dir>/sbatch.sh``; also create ``logs/`` (sbatch will not)."""
-    run_dir = Path(run_dir)
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    path = run_dir / SCRIPT_NAME
+    paths = RunPaths.of(run_dir)
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    path = paths.script
     path.write_text(render(job, run_dir, dependency=dependency))
     return path
 
 
-def submit(job: Job, run_dir: str | Path, *, runner: Runner = subprocess.run,
+def submit(job: Job, run_dir: str | Path, *, runner: Runner = default_runner,
            clock: Callable[[], float] = time.time, test_only: bool = False,
            dependency: Optional[str] = None) -> list[Submission]:
     """Write the script, submit it, and pre-submit ``run.dependency_chain`` continuations.
@@ -103,29 +100,30 @@ def submit(job: Job, run_dir: str | Path, *, runner: Runner = subprocess.run,
     ``sbatch --test-only`` (the scheduler checks the script, nothing is queued) and records it.
     """
     run_dir = Path(run_dir)
+    slurm = Slurm(runner)
     try:
         script = write_script(job, run_dir, dependency=dependency)
     except OSError as exc:
-        raise SubmitError(f"cannot write {Path(run_dir) / SCRIPT_NAME}: {exc.strerror or exc}") from None
+        raise SubmitError(f"cannot write {RunPaths.of(run_dir).script}: {exc.strerror or exc}") from None
     if test_only:
-        proc = _sbatch(runner, ["sbatch", "--test-only", str(script)])
-        text = f"{proc.stdout or ''}{proc.stderr or ''}".strip()
+        r = sbatch(slurm, script, "--test-only")
+        text = f"{r.out}{r.err}".strip()
         match = _TEST_ONLY.search(text)
         sub = Submission(job_id=None, time=clock(), script=str(script), dependency=dependency, kind="test_only",
                          message=text if match else f"unrecognised --test-only answer: {text}")
         _record(run_dir, sub)
         return [sub]
-    proc = _sbatch(runner, ["sbatch", "--parsable", str(script)])
-    first = Submission(job_id=parse_job_id(proc.stdout), time=clock(), script=str(script), dependency=dependency)
+    r = sbatch(slurm, script, "--parsable")
+    first = Submission(job_id=parse_job_id(r.out), time=clock(), script=str(script), dependency=dependency)
     _record(run_dir, first)
     subs = [first]
     for _ in range(job.run.dependency_chain):
         dep = f"afterany:{subs[-1].job_id}"
         try:
-            proc = _sbatch(runner, ["sbatch", "--parsable", f"--dependency={dep}", str(script)])
+            r = sbatch(slurm, script, "--parsable", f"--dependency={dep}")
         except SubmitError as exc:
             raise SubmitError(str(exc), submitted=subs) from None
-        sub = Submission(job_id=parse_job_id(proc.stdout), time=clock(), script=str(script), dependency=dep,
+        sub = Submission(job_id=parse_job_id(r.out), time=clock(), script=str(script), dependency=dep,
                          kind="continuation")
         _record(run_dir, sub)
         subs.append(sub)
@@ -184,4 +182,4 @@ class RunDirSnapshot:
 
 def read_submissions(run_dir: str | Path) -> list[dict]:
     """The run's submission records, oldest first (tolerates a torn last line)."""
-    return read_events(Path(run_dir) / SUBMISSIONS_NAME)
+    return read_events(RunPaths.of(run_dir).submissions)

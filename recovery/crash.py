@@ -27,10 +27,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
+from launch.paths import RunPaths
 from recovery import policy
 from recovery.events import EventLog, read_events
+from recovery.slurm import Runner, Slurm, default_runner
 
 
 def attempt_events(events: list[dict], job_id: str, restart_count: int) -> list[dict]:
@@ -57,25 +59,25 @@ def crashed(events: list[dict]) -> tuple[bool, str]:
 
 
 def requeue_after_crash(run_dir: Path, env: Mapping[str, str],
-                        runner: Callable[..., Any] = policy.requeue_runner) -> tuple[int, str]:
+                        runner: Runner = default_runner) -> tuple[int, str]:
     """Decide for the attempt ``env`` describes; returns (exit code for the batch script, why)."""
     job_id = env.get("SLURM_JOB_ID")
     if not job_id:
         return 0, "not under Slurm"
     restart = policy.restart_count_from_env(env)
-    again, why = crashed(attempt_events(read_events(run_dir / "events.jsonl"), job_id, restart))
+    events = RunPaths.of(run_dir).events
+    again, why = crashed(attempt_events(read_events(events), job_id, restart))
     if not again:
         return 0, why
-    proc = runner(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
-    log = EventLog(run_dir / "events.jsonl", job_id=job_id, restart_count=restart)
-    ok = proc.returncode == 0
-    log.emit("requeue", method="scontrol_after_crash", ok=ok, detail=why,
-             error=None if ok else (proc.stderr or proc.stdout or "").strip()[:300])
+    r = Slurm(runner).requeue(job_id)
+    log = EventLog(events, job_id=job_id, restart_count=restart)
+    ok = r.ok
+    log.emit("requeue", method="scontrol_after_crash", ok=ok, detail=why, error=None if ok else r.words)
     return (policy.EXIT_REQUEUE if ok else 0), why + ("; requeued" if ok else "; scontrol requeue failed")
 
 
 def main(argv: Optional[Sequence[str]] = None, env: Optional[Mapping[str, str]] = None,
-         runner: Callable[..., Any] = policy.requeue_runner) -> int:
+         runner: Runner = default_runner) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
         print("usage: python -m recovery.crash RUN_DIR", file=sys.stderr)

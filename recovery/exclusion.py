@@ -24,14 +24,14 @@ Facts this relies on (Slurm 22.05 on the local test cluster, ``tests/slurm_clust
 * Right after ``scontrol requeue`` the job is requeued (COMPLETING, then PENDING with reason
   BeginTime for ~10 s) and the update is accepted; the next attempt ran on another node.
 * The requeue sends SIGTERM to every process of the job, including an ``scontrol`` started
-  from inside it (seen: the update exited 143). :func:`default_runner` starts commands with
-  SIGTERM ignored, so they finish within ``KillWait``.
+  from inside it (seen: the update exited 143). :func:`recovery.slurm.default_runner` starts
+  commands with SIGTERM ignored, so they finish within ``KillWait``.
 * After a NODE_FAIL the node may come back at once (``ReturnToService``), and the requeued job
   was seen landing on it again: only step 3 catches that.
 * ``ExcNodeList=`` replaces the list, so the job's current one (its ``--exclude``) is merged in.
 
-Pure logic over an injected ``runner`` (``subprocess.run``-compatible) and clock; no torch,
-no launch imports. CLI for the batch script, before ``srun``::
+Pure logic over an injected ``runner`` (``subprocess.run``-compatible; every command goes through
+:class:`recovery.slurm.Slurm`) and clock; no torch, no launch imports. CLI for the batch script, before ``srun``::
 
     python -m recovery.exclusion start RUN_DIR      # exit 0: train; 42: requeued, stop here
 """
@@ -40,7 +40,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -48,9 +47,11 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
+from launch.paths import RunPaths
 from recovery import policy
+from recovery.slurm import Runner, Slurm, default_runner
 
-Runner = Callable[..., Any]
+__all__ = ["default_runner", "requeue_excluding", "set_excluded", "start_check", "hardware_fault", "recorded_hosts"]
 EXIT_TRAIN, EXIT_REQUEUED = 0, policy.EXIT_REQUEUE
 BAD_NODE_STATES = ("down", "drain", "fail", "not_responding", "no_respond")  # sinfo %T prefixes/words
 EVENT_WINDOW_S = 120  # a node going down this long after the attempt ended still counts (slow detection)
@@ -68,30 +69,6 @@ HARDWARE_PATTERNS = (
 )
 
 
-def _ignore_sigterm() -> None:  # pragma: no cover - runs in the child before exec
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-
-def default_runner(argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
-    """``subprocess.run`` with text output, a timeout, and SIGTERM ignored in the child.
-
-    A requeue SIGTERMs every process of the job; the ``scontrol update`` that follows it must
-    survive that (it is killed only at SIGKILL, ``KillWait`` seconds later).
-    """
-    kwargs.setdefault("capture_output", True)
-    kwargs.setdefault("text", True)
-    kwargs.setdefault("timeout", 60)
-    return subprocess.run(list(argv), preexec_fn=_ignore_sigterm, **kwargs)
-
-
-def _call(runner: Runner, argv: Sequence[str]) -> tuple[int, str, str]:
-    try:
-        proc = runner(list(argv), capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError) as exc:
-        return 127, "", f"{argv[0]} could not run: {exc}"
-    return int(getattr(proc, "returncode", 0)), getattr(proc, "stdout", "") or "", getattr(proc, "stderr", "") or ""
-
-
 def hardware_fault(text: str) -> Optional[str]:
     """A short reason if ``text`` (an exception or its traceback) names a node hardware fault."""
     for pattern, reason in HARDWARE_PATTERNS:
@@ -104,13 +81,7 @@ def hardware_fault(text: str) -> Optional[str]:
 
 def expand_hosts(nodelist: str, runner: Runner) -> list[str]:
     """``stn[1-2],gpu7`` -> hosts, by ``scontrol show hostnames``; plain comma lists without it."""
-    nodelist = (nodelist or "").strip()
-    if not nodelist or nodelist in ("(null)", "None", "None assigned"):
-        return []
-    if "[" not in nodelist:
-        return [h for h in nodelist.split(",") if h]
-    rc, out, _err = _call(runner, ["scontrol", "show", "hostnames", nodelist])
-    return out.split() if rc == 0 else []
+    return Slurm(runner).hostnames(nodelist)
 
 
 def recorded_hosts(run_dir: Path) -> list[str]:
@@ -136,10 +107,10 @@ class Outcome:
 
 def current_exclusions(job_id: str, runner: Runner) -> list[str]:
     """The job's ExcNodeList now (its ``--exclude`` and earlier updates), expanded."""
-    rc, out, _err = _call(runner, ["scontrol", "-o", "show", "job", job_id])
-    if rc != 0:
+    r = Slurm(runner).show_job(job_id)
+    if not r.ok:
         return []
-    match = re.search(r"\bExcNodeList=(\S+)", out)
+    match = re.search(r"\bExcNodeList=(\S+)", r.out)
     return expand_hosts(match.group(1), runner) if match else []
 
 
@@ -151,18 +122,17 @@ def set_excluded(job_id: str, hosts: Iterable[str], runner: Runner) -> Outcome:
             merged.append(h)
     if not merged:
         return Outcome(True, "nothing to exclude")
-    rc, out, err = _call(runner, ["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(merged)}"])
-    if rc != 0:
-        return Outcome(False, f"scontrol update JobId={job_id} ExcNodeList=... failed (rc {rc}): "
-                              f"{(err or out).strip()[:300]}", merged)
+    r = Slurm(runner).update_excluded(job_id, merged)
+    if not r.ok:
+        return Outcome(False, f"scontrol update JobId={job_id} ExcNodeList=... failed (rc {r.rc}): {r.words}", merged)
     return Outcome(True, f"job {job_id} now excludes {','.join(merged)}", merged)
 
 
 def requeue_excluding(job_id: str, hosts: Sequence[str], runner: Runner = default_runner) -> Outcome:
     """Requeue this job, then keep ``hosts`` out of its next attempt (the order matters, see above)."""
-    rc, out, err = _call(runner, ["scontrol", "requeue", job_id])
-    if rc != 0:
-        return Outcome(False, f"scontrol requeue {job_id} failed (rc {rc}): {(err or out).strip()[:300]}")
+    r = Slurm(runner).requeue(job_id)
+    if not r.ok:
+        return Outcome(False, f"scontrol requeue {job_id} failed (rc {r.rc}): {r.words}")
     if not hosts:
         return Outcome(True, f"job {job_id} requeued")
     res = set_excluded(job_id, hosts, runner)
@@ -194,11 +164,10 @@ def parse_attempts(text: str) -> list[Attempt]:
 
 def node_fail_attempts(job_id: str, runner: Runner) -> list[Attempt]:
     """This job's earlier attempts that ended NODE_FAIL (``sacct -D`` keeps every requeued run)."""
-    rc, out, _err = _call(runner, ["sacct", "-j", job_id, "-D", "-X", "--parsable2", "--noheader",
-                                   "--format=JobIDRaw,State,NodeList,Start,End"])
-    if rc != 0:
+    r = Slurm(runner).attempts(job_id)
+    if not r.ok:
         return []
-    return [a for a in parse_attempts(out) if a.state == "NODE_FAIL"]
+    return [a for a in parse_attempts(r.out) if a.state == "NODE_FAIL"]
 
 
 def _time(s: str) -> Optional[datetime]:
@@ -230,20 +199,20 @@ def culprits(attempt: Attempt, runner: Runner) -> list[tuple[str, str]]:
     if not hosts:
         return []
     start, end = _time(attempt.start), _time(attempt.end)
-    rc, out, _err = _call(runner, ["sacctmgr", "-n", "-P", "show", "event", f"Nodes={','.join(hosts)}",
-                                   f"Start={attempt.start}", "format=NodeName,TimeStart,State,Reason"])
+    slurm = Slurm(runner)
+    r = slurm.node_events(hosts, attempt.start)
     found: list[tuple[str, str]] = []
-    if rc == 0:
-        for node, when, state, reason in parse_events(out):
+    if r.ok:
+        for node, when, state, reason in parse_events(r.out):
             in_window = when is None or start is None or end is None or (
                 start <= when <= end + timedelta(seconds=EVENT_WINDOW_S))
             if node in hosts and in_window and node not in [f[0] for f in found]:
                 found.append((node, f"NODE_FAIL: {state.lower()} {reason}".strip()))
     if found:
         return found
-    rc, out, _err = _call(runner, ["sinfo", "-h", "-N", "-n", ",".join(hosts), "-o", "%N|%T|%E"])
-    if rc == 0:
-        for line in out.splitlines():
+    r = slurm.node_states(hosts)
+    if r.ok:
+        for line in r.out.splitlines():
             node, _, rest = line.strip().partition("|")
             state, _, reason = rest.partition("|")
             if node in hosts and any(b in state.lower() for b in BAD_NODE_STATES) and \
@@ -332,7 +301,7 @@ def main(argv: Optional[Sequence[str]] = None, env: Optional[Mapping[str, str]] 
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     from recovery.events import EventLog
 
-    events = EventLog(run_dir / "events.jsonl", job_id=env.get("SLURM_JOB_ID"),
+    events = EventLog(RunPaths.of(run_dir).events, job_id=env.get("SLURM_JOB_ID"),
                       restart_count=policy.restart_count_from_env(env))
     res = start_check(run_dir, env, runner, requeue_allowed=allowed, emit=events.emit)
     print(f"slurmtron exclusion: {res.action}: {res.detail}"

@@ -74,12 +74,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
+
+from launch.paths import RunPaths
+from recovery.slurm import Runner, Slurm, default_runner
 
 EXIT_COMPLETED = 0
 EXIT_CRASH = 1
@@ -105,9 +107,6 @@ FINAL_REASONS = {
     "unsupported_software": EXIT_UNSUPPORTED,
 }
 FINAL_CODES = (EXIT_COMPLETED,) + tuple(sorted(set(FINAL_REASONS.values())))
-
-PROGRESS_FILE = "progress.json"
-FAILED_NODES_FILE = "failed_nodes.json"
 
 
 @dataclass
@@ -168,7 +167,7 @@ def _read_json_list(path: Path) -> list:
 
 def read_progress(run_dir: Path) -> list[dict]:
     """The per-attempt start records, oldest first."""
-    return [r for r in _read_json_list(Path(run_dir) / PROGRESS_FILE) if isinstance(r, dict)]
+    return [r for r in _read_json_list(RunPaths.of(run_dir).progress) if isinstance(r, dict)]
 
 
 def start_decision(
@@ -239,7 +238,7 @@ def start_decision(
                        f"{same} consecutive restart(s) without progress (limit {n})",
             )
     record["decision"] = decision.reason
-    _write_json_atomic(run_dir / PROGRESS_FILE, records + [record])
+    _write_json_atomic(RunPaths.of(run_dir).progress, records + [record])
     return decision
 
 
@@ -254,24 +253,10 @@ def _current_chain(records: list[dict]) -> list[dict]:
 
 # ---- after the stop checkpoint ----------------------------------------------------------
 
-def _ignore_sigterm() -> None:  # pragma: no cover - runs in the child between fork and exec
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-
-def requeue_runner(argv: list, **kwargs: Any) -> subprocess.CompletedProcess:
-    """``subprocess.run`` with SIGTERM ignored in the child.
-
-    Accepting the requeue, Slurm SIGTERMs every process of the job, the ``scontrol`` that
-    asked for it included (seen on the test cluster, see :mod:`recovery.exclusion`); ignoring
-    it lets ``scontrol`` report its real exit status instead of 143.
-    """
-    return subprocess.run(argv, preexec_fn=_ignore_sigterm, **kwargs)
-
-
 def after_stop_save(
     signum: int,
     env: Mapping[str, str],
-    runner: Callable[..., Any] = requeue_runner,
+    runner: Runner = default_runner,
     *,
     requeue_allowed: bool = True,
     events: Any = None,
@@ -291,16 +276,11 @@ def after_stop_save(
     method = "exit_code"
     detail = ""
     if job_id and requeue_allowed:
-        try:
-            proc = runner(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
-            rc = getattr(proc, "returncode", 0)
-            if rc == 0:
-                method = "scontrol"
-            else:
-                detail = f"scontrol requeue {job_id} failed (rc {rc}): " \
-                         f"{(getattr(proc, 'stderr', '') or '').strip()[:300]}"
-        except (OSError, subprocess.SubprocessError) as e:
-            detail = f"scontrol requeue {job_id} could not run: {e}"
+        r = Slurm(runner).requeue(job_id)
+        if r.ok:
+            method = "scontrol"
+        else:
+            detail = f"scontrol requeue {job_id} failed (rc {r.rc}): {r.words}"
     elif job_id:
         detail = "cluster.requeue_allowed is false: not requeueing (dependency chain continues)"
     else:
@@ -329,7 +309,7 @@ def record_failed_node(
     """
     if not host:
         raise ValueError("record_failed_node: host is empty")
-    path = Path(run_dir) / FAILED_NODES_FILE
+    path = RunPaths.of(run_dir).failed_nodes
     nodes = failed_nodes(run_dir)
     nodes.append({
         "host": host,
@@ -343,7 +323,7 @@ def record_failed_node(
 
 def failed_nodes(run_dir: Path) -> list[dict]:
     """The recorded failures, oldest first ([] if none or unreadable)."""
-    return [n for n in _read_json_list(Path(run_dir) / FAILED_NODES_FILE)
+    return [n for n in _read_json_list(RunPaths.of(run_dir).failed_nodes)
             if isinstance(n, dict) and n.get("host")]
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from fake_slurm import FakeSlurm
 
 from launch import pretrain
 from launch.check import check, notes, padded_vocab_size
@@ -165,23 +166,12 @@ def test_vocab_padding_is_reported_with_its_arithmetic():
     assert any("padded to 50304" in n and "lcm" in n for n in notes(odd))
 
 
-class RecordingRunner:
-    """A fake subprocess runner that records every call (none must happen on a refusal)."""
-
-    def __init__(self):
-        self.calls = []
-
-    def __call__(self, argv, **kwargs):
-        self.calls.append(argv)
-        raise AssertionError(f"submitter reached with {argv}")
-
-
 def test_refused_job_reaches_no_submitter_and_writes_nothing(tmp_path):
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=LUSTRE_30B[:2] + [
             f"run.dir={tmp_path / 'run'}", "parallelism.tp=8", "training.global_batch_size=100"])
-    runner, err = RecordingRunner(), io.StringIO()
+    runner, err = FakeSlurm(), io.StringIO()  # records every Slurm call: none must happen
     assert pretrain.main(cfg, runner=runner, out=io.StringIO(), err=err) == pretrain.EXIT_REFUSED
     assert runner.calls == []
     assert not (tmp_path / "run").exists()

@@ -1,77 +1,16 @@
 """Bad-node exclusion for the next attempt of a requeued job, with Slurm faked at the subprocess boundary.
 
-``FakeSlurm`` answers the commands ``recovery/exclusion.py`` runs and keeps the rules seen on
-Slurm 22.05 (see the module docstring): ExcNodeList of a running job cannot be updated, a
-requeued one can, and ``ExcNodeList=`` replaces the list.
+``tests/fake_slurm.py::FakeSlurm`` answers the commands ``recovery/exclusion.py`` runs and keeps the
+rules seen on Slurm 22.05 (see the module docstring): ExcNodeList of a running job cannot be
+updated, a requeued one can, and ``ExcNodeList=`` replaces the list.
 """
 from __future__ import annotations
 
-import re
-import subprocess
-
 import pytest
+from fake_slurm import FakeSlurm
 
 from recovery import exclusion, policy
 from recovery.events import read_events
-
-
-def expand(nodelist: str) -> list[str]:
-    out = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?", nodelist):
-        m = re.fullmatch(r",?([^\[]*)\[([^\]]*)\]", part)
-        if not m:
-            out.append(part.strip(","))
-            continue
-        for rng in m.group(2).split(","):
-            lo, _, hi = rng.partition("-")
-            out += [f"{m.group(1)}{i}" for i in range(int(lo), int(hi or lo) + 1)]
-    return out
-
-
-class FakeSlurm:
-    """A job and the cluster's accounting, as scontrol, sacct, sacctmgr and sinfo report them."""
-
-    def __init__(self, job_id="77", state="RUNNING", exc="", attempts=(), events=(), sinfo=(),
-                 fail=()):
-        self.job_id, self.state, self.exc = job_id, state, exc
-        self.attempts = list(attempts)  # sacct rows: (state, nodelist, start, end)
-        self.events = list(events)  # (node, time, state, reason)
-        self.sinfo = list(sinfo)  # (node, state, reason)
-        self.fail = set(fail)  # commands (argv[0:2] joined) that fail
-        self.calls: list[list[str]] = []
-
-    def __call__(self, argv, **kwargs):
-        self.calls.append(list(argv))
-        key = " ".join(argv[:2])
-        if key in self.fail:
-            return self._done(argv, 1, "", f"{key}: error")
-        if argv[:3] == ["scontrol", "show", "hostnames"]:
-            return self._done(argv, 0, "\n".join(expand(argv[3])) + "\n")
-        if argv[:4] == ["scontrol", "-o", "show", "job"]:
-            return self._done(argv, 0, f"JobId={self.job_id} JobState={self.state} ExcNodeList={self.exc or '(null)'} "
-                                       f"NodeList=stn[1-2]\n")
-        if argv[:2] == ["scontrol", "requeue"]:
-            self.state = "COMPLETING"  # requeued: pending again after the old allocation is released
-            return self._done(argv, 0)
-        if argv[:2] == ["scontrol", "update"]:
-            if self.state == "RUNNING":
-                return self._done(argv, 1, "", f"Job is no longer pending execution for job {self.job_id}")
-            self.exc = dict(a.split("=", 1) for a in argv[2:])["ExcNodeList"]
-            return self._done(argv, 0)
-        if argv[0] == "sacct":
-            rows = [f"{self.job_id}|{s}|{n}|{a}|{b}" for s, n, a, b in self.attempts]
-            return self._done(argv, 0, "\n".join(rows) + "\n")
-        if argv[0] == "sacctmgr":
-            nodes = set(argv[argv.index("show") + 2].split("=", 1)[1].split(","))
-            rows = [f"{n}|{t}|{s}|{r}" for n, t, s, r in self.events if n in nodes]
-            return self._done(argv, 0, "\n".join(rows) + "\n")
-        if argv[0] == "sinfo":
-            return self._done(argv, 0, "\n".join(f"{n}|{s}|{r}" for n, s, r in self.sinfo) + "\n")
-        raise AssertionError(f"unexpected command {argv}")
-
-    @staticmethod
-    def _done(argv, rc=0, out="", err=""):
-        return subprocess.CompletedProcess(argv, rc, out, err)
 
 
 NODE_FAIL_ATTEMPT = ("NODE_FAIL", "stn[1-2]", "2026-11-29T10:13:30", "2026-11-29T10:13:33")
@@ -176,9 +115,3 @@ def test_cli_exits_42_when_it_requeued_and_logs_the_event(tmp_path, capsys):
 ])
 def test_hardware_faults_are_told_from_code_bugs(text, reason):
     assert exclusion.hardware_fault(text) == reason
-
-
-def test_default_runner_survives_the_sigterm_a_requeue_sends(tmp_path):
-    # the child ignores SIGTERM: it kills itself with TERM and still exits 0
-    proc = exclusion.default_runner(["bash", "-c", "kill -TERM $$; echo alive"])
-    assert proc.returncode == 0 and proc.stdout.strip() == "alive"

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from fake_slurm import FakeSlurm
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -130,23 +131,11 @@ def test_login_entry_does_not_import_torch():
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO, timeout=60).returncode == 0
 
 
-class FakeSbatch:
-    """sbatch at the subprocess boundary: records argv and answers like ``sbatch --parsable``."""
-
-    def __init__(self, rc: int = 0, stdout: str = "4242\n", stderr: str = ""):
-        self.calls: list[list[str]] = []
-        self.rc, self.stdout, self.stderr = rc, stdout, stderr
-
-    def __call__(self, argv, **kwargs):
-        self.calls.append(list(argv))
-        return subprocess.CompletedProcess(argv, self.rc, self.stdout, self.stderr)
-
-
 def test_slurm_preflight_is_rendered_by_the_pretrain_renderer_and_submitted(tmp_path):
     run_dir = tmp_path / "runs" / "pf"
     run_dir.mkdir(parents=True)
     (run_dir / "failed_nodes.json").write_text(json.dumps([{"host": "stn3", "reason": "ECC"}]))
-    fake, out = FakeSbatch(), io.StringIO()
+    fake, out = FakeSlurm(job_id="4242"), io.StringIO()
     code = preflight.main(["cluster=slurm_local", "run.name=pf", "run.time_limit_min=10", f"cluster.run_root={tmp_path / 'runs'}"],
                           runner=fake, out=out, err=io.StringIO(), popen=_no_popen)
     assert code == 0 and "4242" in out.getvalue()
@@ -162,7 +151,7 @@ def test_slurm_preflight_is_rendered_by_the_pretrain_renderer_and_submitted(tmp_
 def test_slurm_preflight_submission_failure_is_reported(tmp_path):
     err = io.StringIO()
     code = preflight.main(["cluster=slurm_local", "run.time_limit_min=10", f"cluster.run_root={tmp_path}"],
-                          runner=FakeSbatch(rc=1, stdout="", stderr="sbatch: error: invalid partition"),
+                          runner=FakeSlurm(fail={"sbatch"}, fail_words="sbatch: error: invalid partition"),
                           out=io.StringIO(), err=err)
     assert code == preflight.EXIT_FAIL and "invalid partition" in err.getvalue()
 
@@ -235,29 +224,12 @@ def test_wrong_tp_split_fails_parity(tmp_path):
     assert v["grad_flow"] == pc.PASS  # gradients still flow: only the numbers are wrong
 
 
-class FakeSlurmQueue(FakeSbatch):
-    """sbatch plus squeue: the job is listed ``polls`` times, then gone; it may write a verdict first."""
-
-    def __init__(self, run_dir: Path, polls: int, verdict: "pc.Report | None"):
-        super().__init__()
-        self.run_dir, self.polls, self.verdict = run_dir, polls, verdict
-
-    def __call__(self, argv, **kwargs):
-        if argv[0] != "squeue":
-            return super().__call__(argv, **kwargs)
-        self.calls.append(list(argv))
-        self.polls -= 1
-        if self.polls > 0:
-            return subprocess.CompletedProcess(argv, 0, "RUNNING\n", "")
-        if self.verdict is not None:
-            pc.write_report(self.run_dir, self.verdict)
-        return subprocess.CompletedProcess(argv, 0, "", "")
-
-
 @pytest.mark.parametrize("verdict, code", [(_report(pc.PASS, pc.WARN), 0), (_report(pc.FAIL), 1), (None, 1)])
 def test_slurm_preflight_wait_returns_the_jobs_verdict(tmp_path, verdict, code):
     run_dir = tmp_path / "w"
-    fake, out = FakeSlurmQueue(run_dir, polls=3, verdict=verdict), io.StringIO()
+    # squeue lists the job twice, then not; the job writes its verdict (or dies without one) as it leaves
+    leave = (lambda: pc.write_report(run_dir, verdict)) if verdict is not None else None
+    fake, out = FakeSlurm(queue_polls=2, on_leave=leave), io.StringIO()
     assert preflight.main(["cluster=slurm_local", "run.name=w", "run.time_limit_min=10", "preflight.wait=true",
                            f"cluster.run_root={tmp_path}"], runner=fake, out=out, err=io.StringIO(),
                            sleep=lambda s: None) == code

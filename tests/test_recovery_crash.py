@@ -2,25 +2,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
+from fake_slurm import FakeSlurm
 
 from recovery.crash import main, requeue_after_crash
 from recovery.events import EventLog, read_events
 
 ENV = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "1"}
-
-
-class FakeScontrol:
-    def __init__(self, rc: int = 0):
-        self.rc = rc
-        self.calls: list[list[str]] = []
-
-    def __call__(self, argv, **kwargs):
-        self.calls.append(list(argv))
-        return subprocess.CompletedProcess(argv, self.rc, stdout="", stderr="" if self.rc == 0 else "Job is completing")
 
 
 def attempt(run_dir: Path, restart: int, *events: tuple[str, dict]) -> None:
@@ -33,7 +23,7 @@ def test_a_crashed_attempt_is_requeued_and_says_so(tmp_path: Path) -> None:
     attempt(tmp_path, 0, ("exit", {"reason": "requeue", "code": 42}))  # an earlier attempt: not this one
     attempt(tmp_path, 1, ("job_start", {}), ("stop", {"reason": "crash", "detail": "RuntimeError: NCCL watchdog"}),
             ("exit", {"reason": "error", "code": 1}))
-    fake = FakeScontrol()
+    fake = FakeSlurm()
     code, why = requeue_after_crash(tmp_path, ENV, fake)
     assert code == 42 and fake.calls == [["scontrol", "requeue", "77"]]
     assert "NCCL watchdog" in why
@@ -43,7 +33,7 @@ def test_a_crashed_attempt_is_requeued_and_says_so(tmp_path: Path) -> None:
 
 def test_an_attempt_killed_before_it_could_write_its_exit_is_requeued(tmp_path: Path) -> None:
     attempt(tmp_path, 1, ("job_start", {}), ("iteration", {"step": 3}))
-    fake = FakeScontrol()
+    fake = FakeSlurm()
     assert requeue_after_crash(tmp_path, ENV, fake)[0] == 42
     assert len(fake.calls) == 1
 
@@ -61,7 +51,7 @@ def test_decisions_of_the_worker_are_not_requeued(tmp_path: Path, exit_reason: s
         events.append(("stop", {"reason": stop_reason}))
     events.append(("exit", {"reason": exit_reason}))
     attempt(tmp_path, 1, *events)
-    fake = FakeScontrol()
+    fake = FakeSlurm()
     code, why = requeue_after_crash(tmp_path, ENV, fake)
     assert code == 0 and fake.calls == []
     assert exit_reason in why
@@ -69,16 +59,16 @@ def test_decisions_of_the_worker_are_not_requeued(tmp_path: Path, exit_reason: s
 
 def test_a_refused_requeue_leaves_the_failure_code_and_is_logged(tmp_path: Path) -> None:
     attempt(tmp_path, 1, ("stop", {"reason": "crash"}), ("exit", {"reason": "error"}))
-    code, why = requeue_after_crash(tmp_path, ENV, FakeScontrol(rc=1))
+    code, why = requeue_after_crash(tmp_path, ENV, FakeSlurm(fail={"scontrol requeue"}, fail_words="Job is completing"))
     assert code == 0 and "failed" in why
     last = read_events(tmp_path / "events.jsonl")[-1]
     assert last["ok"] is False and "completing" in last["error"]
 
 
 def test_outside_slurm_and_usage(tmp_path: Path, capsys) -> None:
-    assert requeue_after_crash(tmp_path, {}, FakeScontrol())[0] == 0
+    assert requeue_after_crash(tmp_path, {}, FakeSlurm())[0] == 0
     assert main([], env={}) == 2
     attempt(tmp_path, 1, ("stop", {"reason": "crash"}), ("exit", {"reason": "error"}))
-    assert main([str(tmp_path)], env=ENV, runner=FakeScontrol()) == 42
+    assert main([str(tmp_path)], env=ENV, runner=FakeSlurm()) == 42
     assert "requeued" in capsys.readouterr().out
     assert json.loads((tmp_path / "events.jsonl").read_text().splitlines()[-1])["job_id"] == "77"

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from itertools import count
 
 import pytest
+from fake_slurm import FakeSlurm
 
 from recovery.events import EventLog, read_events
 from recovery.interval import (
@@ -37,20 +38,6 @@ from recovery.policy import (
 class Training:
     max_restarts: int = 20
     zero_progress_restarts: int = 3
-
-
-class FakeRun:
-    """Fake at the subprocess boundary: records argv, answers with a given return code."""
-
-    def __init__(self, returncode=0, stderr="", exc=None):
-        self.calls = []
-        self.returncode, self.stderr, self.exc = returncode, stderr, exc
-
-    def __call__(self, argv, **kwargs):
-        self.calls.append(argv)
-        if self.exc:
-            raise self.exc
-        return subprocess.CompletedProcess(argv, self.returncode, "", self.stderr)
 
 
 def ticking():
@@ -113,7 +100,7 @@ def test_guard_disabled_and_max_restarts(tmp_path):
 
 
 def test_after_stop_save_requeues_own_job_under_slurm(tmp_path):
-    run = FakeRun()
+    run = FakeSlurm(job_id="4242")
     ev = EventLog(tmp_path / "events.jsonl", clock=lambda: 1.0)
     code = after_stop_save(signal.SIGUSR2, {"SLURM_JOB_ID": "4242"}, run, events=ev, step=7)
     assert code == EXIT_REQUEUE
@@ -124,29 +111,22 @@ def test_after_stop_save_requeues_own_job_under_slurm(tmp_path):
 
 def test_after_stop_save_when_scontrol_refuses(tmp_path):
     # scancel: the job is already being cancelled and Slurm refuses the requeue
-    run = FakeRun(returncode=1, stderr="Requested operation is presently disabled")
+    run = FakeSlurm(fail={"scontrol requeue"}, fail_words="Requested operation is presently disabled")
     ev = EventLog(tmp_path / "events.jsonl")
     assert after_stop_save(signal.SIGTERM, {"SLURM_JOB_ID": "9"}, run, events=ev) == EXIT_REQUEUE
     (rec,) = read_events(tmp_path / "events.jsonl")
     assert rec["method"] == "exit_code" and "presently disabled" in rec["detail"]
-    missing = FakeRun(exc=FileNotFoundError("scontrol"))
-    assert after_stop_save(signal.SIGTERM, {"SLURM_JOB_ID": "9"}, missing) == EXIT_REQUEUE
+    missing = FakeSlurm(missing={"scontrol"})
+    assert after_stop_save(signal.SIGTERM, {"SLURM_JOB_ID": "9"}, missing, events=ev) == EXIT_REQUEUE
+    rec = read_events(tmp_path / "events.jsonl")[-1]
+    assert rec["method"] == "exit_code" and "could not run" in rec["detail"]
 
 
 def test_after_stop_save_outside_slurm_or_when_not_allowed_runs_nothing():
-    run = FakeRun()
+    run = FakeSlurm()
     assert after_stop_save(signal.SIGTERM, {}, run) == EXIT_REQUEUE
     assert after_stop_save(signal.SIGUSR2, {"SLURM_JOB_ID": "1"}, run, requeue_allowed=False) == EXIT_REQUEUE
     assert run.calls == []
-
-
-def test_requeue_runner_survives_the_sigterm_slurm_sends_with_the_requeue():
-    from recovery.policy import requeue_runner
-
-    argv = ["sh", "-c", "kill -TERM $$; echo alive"]
-    assert subprocess.run(argv, capture_output=True, text=True, timeout=30).returncode == -signal.SIGTERM
-    proc = requeue_runner(argv, capture_output=True, text=True, timeout=30)
-    assert (proc.returncode, proc.stdout.strip()) == (0, "alive")
 
 
 def test_failed_nodes_roundtrip(tmp_path):
@@ -212,7 +192,7 @@ def test_pure_recovery_modules_do_not_import_torch():
     import sys
 
     code = ("import sys, recovery.commit, recovery.resume, recovery.policy, recovery.interval, "
-            "recovery.signals, recovery.events, recovery.storage; "
+            "recovery.signals, recovery.events, recovery.storage, recovery.slurm, recovery.crash, recovery.exclusion; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'megatron')]; "
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
