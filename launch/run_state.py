@@ -1,0 +1,310 @@
+"""Where a run stands, gathered from its run directory and from Slurm: what ``launch/status.py`` prints.
+
+Sources, each read once: ``config.yaml`` (target, layout, GPU), ``submissions.jsonl`` (job ids),
+``events.jsonl`` (attempts, stops, iterations), the rank logs (parsed by ``analysis/``: step times,
+MFU, interruptions by cause, goodput), the checkpoint directory (newest verified checkpoint),
+``squeue``/``sacct`` through an injected runner (the job's state), and ``run.lock`` on
+``cluster=local``. Nothing here writes anything. Every source that cannot be read becomes a
+``warnings`` line and leaves its fields empty; the rest is still reported.
+"""
+from __future__ import annotations
+
+import math
+import socket
+import subprocess
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from launch.compose import load_job
+from launch.config import Job
+from launch.paths import RunPaths
+
+Runner = Callable[..., Any]  # subprocess.run-compatible
+TERMINAL = ("completed", "failed", "cancelled", "timeout", "stopped")
+_SLURM_STATE = {"PENDING": "pending", "CONFIGURING": "running", "RUNNING": "running", "COMPLETING": "running",
+                "SUSPENDED": "pending", "REQUEUED": "requeued", "REQUEUE_HOLD": "requeued", "REQUEUE_FED": "requeued",
+                "COMPLETED": "completed", "FAILED": "failed", "CANCELLED": "cancelled", "TIMEOUT": "timeout",
+                "NODE_FAIL": "failed", "OUT_OF_MEMORY": "failed", "BOOT_FAIL": "failed", "DEADLINE": "timeout",
+                "PREEMPTED": "requeued"}
+
+
+@dataclass
+class RunState:
+    """Everything ``status`` shows about one run (JSON-ready)."""
+
+    run: str
+    run_dir: str
+    launcher: str = "slurm"
+    layout: str = ""
+    world_size: int = 0
+    gpu: str = ""
+    state: str = "unknown"  # not_submitted | pending | running | requeued | completed | failed | cancelled | ...
+    reason: str = ""  # Slurm's pending reason, or why a local run stopped
+    job_id: Optional[str] = None
+    job_ids: list = field(default_factory=list)
+    attempts: int = 0
+    step: Optional[int] = None
+    target: Optional[int] = None
+    step_time_s: Optional[float] = None  # median of the last steps
+    eta_s: Optional[float] = None  # training time left at that step time
+    slices_left: Optional[int] = None  # Slurm slices of run.time_limit_min that time needs
+    checkpoint_step: Optional[int] = None
+    checkpoint_path: Optional[str] = None
+    checkpoint_age_s: Optional[float] = None
+    interruptions: dict = field(default_factory=dict)  # cause -> count
+    goodput: Optional[float] = None
+    mfu_now: Optional[float] = None
+    mfu_estimate: Optional[float] = None
+    mfu_note: str = ""  # why MFU is empty
+    tokens_per_s: Optional[float] = None
+    loss: Optional[float] = None
+    log_file: Optional[str] = None
+    log_tail: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL
+
+
+def _run(runner: Runner, argv: list[str]) -> Any:
+    return runner(argv, capture_output=True, text=True, timeout=60)
+
+
+def _last_line(text: Optional[str]) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else "(no output)"
+
+
+def slurm_state(job_id: str, runner: Runner) -> tuple[str, str, Optional[str]]:
+    """(state, reason, error) of one job: ``squeue`` while Slurm lists it, ``sacct`` after.
+
+    ``error`` is one line when neither could be asked (the state is then ``unknown``).
+    """
+    try:
+        proc = _run(runner, ["squeue", "-h", "-j", str(job_id), "-o", "%i|%T|%r"])
+    except FileNotFoundError:
+        return "unknown", "", "squeue is not on PATH (not a Slurm login node?): the job's state is unknown"
+    if proc.returncode == 0:
+        for line in (proc.stdout or "").splitlines():
+            jid, _, rest = line.strip().partition("|")
+            if jid.split("_")[0] == str(job_id):
+                state, _, reason = rest.partition("|")
+                reason = "" if reason.strip() in ("None", "(null)") else reason.strip()
+                return _SLURM_STATE.get(state.strip(), state.strip().lower()), reason, None
+    elif "Invalid job id" not in (proc.stderr or ""):
+        return "unknown", "", f"squeue exited {proc.returncode}: {_last_line(proc.stderr)}"
+    try:
+        proc = _run(runner, ["sacct", "-n", "-X", "-P", "-j", str(job_id), "--format=JobID,State,ExitCode"])
+    except FileNotFoundError:
+        return "unknown", "", "sacct is not on PATH: the state of an ended job is unknown"
+    if proc.returncode != 0:
+        return "unknown", "", f"sacct exited {proc.returncode}: {_last_line(proc.stderr)}"
+    rows = [line.split("|") for line in (proc.stdout or "").splitlines() if line.strip()]
+    rows = [r for r in rows if r and r[0].split("_")[0] == str(job_id)]
+    if not rows:
+        return "unknown", "", f"neither squeue nor sacct knows job {job_id} (accounting off, or purged)"
+    state = rows[-1][1].split()[0] if len(rows[-1]) > 1 else ""
+    exit_code = rows[-1][2] if len(rows[-1]) > 2 else ""
+    reason = " ".join(rows[-1][1].split()[1:]) or (f"exit {exit_code}" if exit_code and exit_code != "0:0" else "")
+    return _SLURM_STATE.get(state, state.lower() or "unknown"), reason, None
+
+
+def sacct_dump(job_ids: list, runner: Runner) -> Optional[str]:
+    """``sacct -D`` of the run's jobs (every attempt), for the interruption causes; None if unavailable."""
+    if not job_ids:
+        return None
+    try:
+        proc = _run(runner, ["sacct", "-D", "--parsable2", "--format=ALL", "-j", ",".join(job_ids)])
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout if proc.returncode == 0 and (proc.stdout or "").strip() else None
+
+
+def _local_state(paths: RunPaths, events: list[dict], *, alive: Optional[Callable] = None) -> tuple[str, str]:
+    from recovery.lock import active_holder
+
+    kwargs = {"alive": alive} if alive is not None else {}
+    held = active_holder(paths.lock, host=socket.gethostname(), job_active=lambda _j: None, **kwargs)
+    if held is not None:
+        return "running", held[0].describe()
+    return _ended_state(events)
+
+
+def _ended_state(events: list[dict]) -> tuple[str, str]:
+    if not any(e.get("event") == "job_start" for e in events):
+        return "not_started", ""
+    for e in reversed(events):
+        kind = e.get("event")
+        if kind == "exit":
+            reason = str(e.get("reason") or "")
+            if reason == "completed":
+                return "completed", ""
+            if reason in ("requeue", "signal"):
+                return "stopped", f"stopped at step {e.get('step')} (checkpointed); the same command continues it"
+            return "failed", f"exit {reason} code {e.get('code')}"
+        if kind == "stop":
+            return "failed", f"{e.get('reason')}: {e.get('detail') or ''}".strip(": ")
+        if kind == "job_start":
+            return "stopped", "the last attempt ended without an exit event (killed?)"
+    return "unknown", ""
+
+
+def _tail(path: Path, lines: int) -> list[str]:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - 16384))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return [ln.rstrip() for ln in text.splitlines()[-lines:]]
+
+
+def _newest_log(paths: RunPaths) -> Optional[Path]:
+    try:
+        logs = [p for p in paths.logs.iterdir() if p.is_file() and p.suffix in (".out", ".err", ".log")]
+    except OSError:
+        return None
+    ranked = [p for p in logs if "batch" not in p.name] or logs
+    return max(ranked, key=lambda p: (p.stat().st_mtime, p.name)) if ranked else None
+
+
+def _checkpoint(state: RunState, paths: RunPaths, now: float) -> None:
+    from recovery.resume import find_latest_verified
+
+    if not paths.checkpoints.exists():
+        return
+    try:
+        found = find_latest_verified(paths.checkpoints, deep=False)  # manifest and sizes: no full re-hash
+    except Exception as exc:  # a storage error: say so, keep the rest of the status
+        state.warnings.append(f"checkpoints in {paths.checkpoints} cannot be read: {exc}")
+        return
+    if found.path is not None:
+        state.checkpoint_step, state.checkpoint_path = found.step, str(found.path)
+        try:
+            state.checkpoint_age_s = max(0.0, now - found.path.stat().st_mtime)
+        except OSError:
+            pass
+    for path, reason in found.skipped:
+        state.warnings.append(f"checkpoint {Path(path).name} skipped: {reason}")
+
+
+def _analysis(state: RunState, run_dir: Path, sacct_text: Optional[str], window: int = 10) -> None:
+    """Interruptions by cause, goodput, recent step time, MFU and tokens/s (``analysis/``)."""
+    from analysis.load import load_paths
+    from analysis.mfu import shape_from_config
+    from analysis.parse_slurm import parse_sacct_text
+    from analysis.report import analyze_run
+
+    (run,) = load_paths([run_dir])
+    if sacct_text and (run.sacct is None or run.sacct.empty):
+        run.sacct = parse_sacct_text(sacct_text)[0]
+    res = analyze_run(run, shape_from_config(run.config))
+    intr = res["interruptions"]
+    if len(intr):
+        state.interruptions = dict(Counter(str(c) for c in intr["cause"]))
+    gp = res["goodput"].get("goodput")
+    state.goodput = None if gp is None or math.isnan(gp) else float(gp)
+    m = res["metrics"]
+    if len(m):
+        m = m.sort_values("iteration").drop_duplicates("iteration", keep="last")
+        recent = m.tail(window)
+        state.step = max(state.step or 0, int(m["iteration"].max()))
+        secs = (recent["elapsed_ms"] / 1000.0).median()
+        state.step_time_s = float(secs) if secs == secs else state.step_time_s
+        for attr, col in (("mfu_now", "mfu"), ("tokens_per_s", "tokens_per_s"), ("loss", "lm_loss")):
+            value = recent[col].median() if col != "lm_loss" else recent[col].iloc[-1]
+            if value == value:  # not NaN
+                setattr(state, attr, float(value))
+
+
+def _from_events(state: RunState, events: list[dict]) -> None:
+    starts = {(e.get("job_id"), e.get("restart_count")) for e in events if e.get("event") == "job_start"}
+    state.attempts = len(starts)
+    its = [e for e in events if e.get("event") == "iteration" and e.get("step") is not None]
+    if its:
+        state.step = int(its[-1]["step"])
+        secs = sorted(float(e["seconds"]) for e in its[-10:] if e.get("seconds") is not None)
+        if secs:
+            state.step_time_s = secs[len(secs) // 2]
+        try:
+            state.loss = float(its[-1].get("loss"))
+        except (TypeError, ValueError):
+            pass
+
+
+def _estimate(state: RunState, job: Job) -> None:
+    from launch.planner.estimate import estimate, layout_name, train_iterations
+
+    state.layout = f"{layout_name(job.parallelism)}-dp{job.dp}"
+    state.target = train_iterations(job)
+    if job.cluster.gpu == "cpu":
+        state.mfu_note = "no MFU: cluster.gpu is cpu (no accelerator peak to compare against)"
+        return
+    try:
+        state.mfu_estimate = estimate(job).mfu
+    except Exception as exc:  # informative only
+        state.warnings.append(f"no planner estimate: {exc}")
+
+
+def gather(run_dir: str | Path, *, runner: Runner = subprocess.run, clock: Callable[[], float] = time.time,
+           log_lines: int = 5, alive: Optional[Callable] = None) -> RunState:
+    """The status of the run in ``run_dir`` (which must hold a ``config.yaml``)."""
+    from launch.submit import read_submissions
+    from recovery.events import read_events
+
+    run_dir = Path(run_dir).absolute()
+    job = load_job(run_dir / "config.yaml")
+    paths = job.paths_at(run_dir)
+    c = job.cluster
+    state = RunState(run=job.run.name, run_dir=str(run_dir), launcher=c.launcher, world_size=job.world_size,
+                     gpu=c.gpu)
+    _estimate(state, job)
+    events = read_events(paths.events)
+    _from_events(state, events)
+    sacct_text = None
+    if c.launcher == "local":
+        state.state, state.reason = _local_state(paths, events, alive=alive)
+    else:
+        subs = [s for s in read_submissions(run_dir) if s.get("job_id")]
+        state.job_ids = [str(s["job_id"]) for s in subs]
+        if not subs:
+            state.state = "not_submitted"
+        else:
+            state.job_id = state.job_ids[-1]
+            state.state, state.reason, error = slurm_state(state.job_id, runner)
+            if error:
+                state.warnings.append(error)
+                state.state, state.reason = _ended_state(events)
+                state.reason = f"from the event log; {state.reason}".rstrip("; ")
+            elif state.state == "pending" and any(e.get("job_id") == state.job_id and e.get("event") == "job_start"
+                                                  for e in events):
+                state.state = "requeued"  # pending again after an attempt of the same job id
+            if state.state == "completed" and _ended_state(events)[0] != "completed":
+                state.reason = "Slurm says COMPLETED but the worker logged no completion"
+            sacct_text = sacct_dump(state.job_ids, runner)
+    try:
+        _analysis(state, run_dir, sacct_text)
+    except Exception as exc:  # a report problem must not hide the state
+        state.warnings.append(f"log analysis failed: {type(exc).__name__}: {exc}")
+    if state.target and state.step is not None and state.step_time_s:
+        left = max(0, state.target - state.step)
+        state.eta_s = left * state.step_time_s
+        usable = job.run.time_limit_min * 60 - job.training.signal_lead_time_s
+        if c.launcher == "slurm" and usable > 0 and left:
+            state.slices_left = math.ceil(state.eta_s / usable)
+    if state.mfu_now is None and not state.mfu_note and state.step is not None:
+        state.mfu_note = f"no MFU: unknown peak for cluster.gpu {c.gpu!r}"
+    _checkpoint(state, paths, clock())
+    log = _newest_log(paths)
+    if log is not None:
+        state.log_file, state.log_tail = str(log), _tail(log, log_lines)
+    return state

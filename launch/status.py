@@ -1,0 +1,226 @@
+"""``python launch/status.py [overrides | RUN_DIR | SWEEP_ID] [--json] [--watch [SECONDS]] [--lines N]``.
+
+Where is my run: its state in Slurm (pending with the reason, running, requeued, completed,
+failed, cancelled) or on this machine (``cluster=local``), job id and attempts, step / target
+and the ETA at the measured step time (and the Slurm slices that needs), the newest verified
+checkpoint and its age, interruptions by cause, goodput so far, MFU now against the planner's
+estimate, and the last log lines. The run is named like ``pretrain.py`` names it (the same
+overrides, e.g. ``run.name=NAME`` or ``model=30b cluster=lustre``), or by its directory; a sweep
+id (``<run_root>/sweeps/<id>.jsonl``, or that file) shows every member in one table.
+
+Exit codes: 0 shown, 2 no such run or sweep (one line). Login-node safe: no torch.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, TextIO
+
+if __package__ in (None, ""):  # python launch/status.py: make the repository importable
+    sys.path[:] = [str(Path(__file__).resolve().parent.parent)] + [
+        p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+from launch.run_state import RunState, gather  # noqa: E402
+
+EXIT_NO_RUN = 2
+USAGE = ("usage: python launch/status.py [k=v overrides as for pretrain.py | RUN_DIR | SWEEP_ID] "
+         "[--json] [--watch [SECONDS]] [--lines N]")
+
+
+def _dur(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "?"
+    s = int(round(seconds))
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{s // 60} min"
+    if s < 3 * 86400:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} days"
+
+
+def _pct(v: Optional[float]) -> str:
+    return "?" if v is None else f"{100 * v:.1f}%"
+
+
+def format_state(st: RunState) -> str:
+    """The human view of one run."""
+    lines = [f"run        {st.run}  ({st.run_dir})",
+             f"layout     {st.layout or '?'} on {st.world_size} {'processes' if st.gpu == 'cpu' else st.gpu}"
+             f" ({st.launcher})"]
+    what = st.state + (f" ({st.reason})" if st.reason else "")
+    if st.job_id:
+        what += f"; job {st.job_id}" + (f" (of {', '.join(st.job_ids)})" if len(st.job_ids) > 1 else "")
+    lines.append(f"state      {what}; attempts {st.attempts}")
+    if st.step is not None or st.target:
+        prog = f"step {st.step if st.step is not None else 0:,} / {st.target:,}" if st.target else f"step {st.step}"
+        if st.target and st.step is not None:
+            prog += f" ({100 * st.step / st.target:.1f}%)"
+        if st.step_time_s:
+            prog += f"; {st.step_time_s:.3g} s/step"
+        if st.eta_s is not None and not st.finished:
+            prog += f"; ETA {_dur(st.eta_s)} of training"
+            if st.slices_left:
+                prog += f" ({st.slices_left} more slice{'s' if st.slices_left > 1 else ''})"
+        if st.loss is not None:
+            prog += f"; lm loss {st.loss:.4g}"
+        lines.append(f"progress   {prog}")
+    if st.checkpoint_step is not None:
+        lines.append(f"checkpoint step {st.checkpoint_step:,} verified, {_dur(st.checkpoint_age_s)} ago"
+                     f" ({Path(st.checkpoint_path or '').name})")
+    else:
+        lines.append("checkpoint none verified yet")
+    intr = ", ".join(f"{k} {v}" for k, v in sorted(st.interruptions.items())) or "none"
+    lines.append(f"interrupts {intr}")
+    lines.append(f"goodput    {_pct(st.goodput)}" + (" so far" if st.goodput is not None else ""))
+    if st.mfu_now is not None or st.mfu_estimate is not None:
+        tok = f"; {st.tokens_per_s:,.0f} tokens/s" if st.tokens_per_s else ""
+        lines.append(f"MFU        {_pct(st.mfu_now)} now vs {_pct(st.mfu_estimate)} estimated{tok}")
+    elif st.mfu_note:
+        tok = f" ({st.tokens_per_s:,.0f} tokens/s)" if st.tokens_per_s else ""
+        lines.append(f"MFU        {st.mfu_note}{tok}")
+    if st.log_file:
+        lines.append(f"log        {st.log_file}")
+        lines.extend(f"  | {ln}" for ln in st.log_tail)
+    lines.extend(f"WARNING: {w}" for w in st.warnings)
+    return "\n".join(lines)
+
+
+def format_sweep(rows: list[dict]) -> str:
+    """One line per sweep member: name, layout, state, job, step/target, MFU or the refusal."""
+    head = ("member", "layout", "state", "job", "step", "MFU", "note")
+    table = [head]
+    for r in rows:
+        st = r.get("status")
+        if st is None:
+            table.append((r["run_name"], r.get("layout", ""), r.get("registry_status", ""), r.get("job_id") or "-",
+                          "-", "-", "; ".join(r.get("reasons") or [])[:80].replace("\n", " ")))
+            continue
+        step = f"{st['step'] or 0}/{st['target']}" if st.get("target") else str(st.get("step") or "-")
+        table.append((r["run_name"], st.get("layout", ""), st["state"], st.get("job_id") or "-", step,
+                      _pct(st.get("mfu_now")) if st.get("mfu_now") is not None else "-",
+                      (st.get("reason") or "")[:60]))
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
+    return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip() for row in table)
+
+
+def sweep_rows(registry: Path, *, gather_run: Callable[[Path], RunState]) -> list[dict]:
+    rows = []
+    for line in registry.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        row = {"run_name": entry.get("run_name"), "layout": entry.get("layout"), "job_id": entry.get("job_id"),
+               "registry_status": entry.get("status"), "reasons": entry.get("reasons") or []}
+        run_dir = Path(entry.get("run_dir") or "")
+        if entry.get("status") == "submitted" and (run_dir / "config.yaml").exists():
+            row["status"] = gather_run(run_dir).to_dict()
+        rows.append(row)
+    return rows
+
+
+def resolve(args: list[str]) -> tuple[str, Path]:
+    """('run', dir) or ('sweep', registry) named by the command line; raises ValueError with one line."""
+    overrides = [a for a in args if "=" in a]
+    names = [a for a in args if "=" not in a]
+    if len(names) > 1:
+        raise ValueError(f"give one run directory or sweep id, not {names}")
+    if names:
+        target = Path(names[0])
+        if (target / "config.yaml").exists():
+            return "run", target
+        if target.suffix == ".jsonl" and target.is_file():
+            return "sweep", target
+    from launch.compose import compose_job
+
+    try:
+        job = compose_job(overrides)
+    except Exception as exc:  # Hydra/OmegaConf: a bad override
+        raise ValueError(f"cannot compose {' '.join(overrides)}: {str(exc).splitlines()[0]}") from None
+    if names:
+        registry = Path(job.cluster.run_root) / "sweeps" / f"{names[0]}.jsonl"
+        if registry.is_file():
+            return "sweep", registry
+        raise ValueError(f"{names[0]} is neither a run directory (no config.yaml) nor a sweep id ({registry} "
+                         "does not exist)")
+    run_dir = Path(job.run_dir)
+    if not (run_dir / "config.yaml").exists():
+        raise ValueError(f"no run {job.run.name!r} at {run_dir} (no config.yaml): start it with "
+                         f"python launch/pretrain.py {' '.join(overrides)}".rstrip())
+    return "run", run_dir
+
+
+def _parse_flags(argv: list[str]) -> tuple[list[str], dict]:
+    opts: dict[str, Any] = {"json": False, "watch": None, "lines": 5}
+    rest, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--json":
+            opts["json"] = True
+        elif a == "--watch":
+            opts["watch"] = 30.0
+            if i + 1 < len(argv) and argv[i + 1].replace(".", "", 1).isdigit():
+                opts["watch"] = float(argv[i + 1])
+                i += 1
+        elif a.startswith("--watch="):
+            opts["watch"] = float(a.split("=", 1)[1])
+        elif a == "--lines" and i + 1 < len(argv):
+            opts["lines"] = int(argv[i + 1])
+            i += 1
+        elif a in ("-h", "--help"):
+            raise SystemExit(USAGE)
+        elif a.startswith("--"):
+            raise ValueError(f"unknown option {a}; {USAGE}")
+        else:
+            rest.append(a)
+        i += 1
+    return rest, opts
+
+
+def main(argv: Optional[list[str]] = None, *, runner: Callable[..., Any] = subprocess.run, out: TextIO = sys.stdout,
+         err: TextIO = sys.stderr, clock: Callable[[], float] = time.time,
+         sleep: Callable[[float], None] = time.sleep, max_refreshes: Optional[int] = None) -> int:
+    """Print the status once, or every ``--watch`` seconds until the run ends (or Ctrl-C)."""
+    try:
+        args, opts = _parse_flags(list(sys.argv[1:] if argv is None else argv))
+        kind, path = resolve(args)
+    except ValueError as exc:
+        print(f"status: {exc}", file=err)
+        return EXIT_NO_RUN
+
+    def one(run_dir: Path) -> RunState:
+        return gather(run_dir, runner=runner, clock=clock, log_lines=opts["lines"])
+
+    refreshes = 0
+    try:
+        while True:
+            if kind == "run":
+                st = one(path)
+                text = json.dumps(st.to_dict(), indent=1, default=str) if opts["json"] else format_state(st)
+                done = st.finished
+            else:
+                rows = sweep_rows(path, gather_run=one)
+                text = json.dumps(rows, indent=1, default=str) if opts["json"] else (
+                    f"sweep {path.stem} ({path})\n" + format_sweep(rows))
+                done = all(r.get("status") is None or r["status"]["state"] in ("completed", "failed", "cancelled",
+                                                                              "timeout", "stopped") for r in rows)
+            if opts["watch"] and not opts["json"]:
+                out.write("\x1b[H\x1b[2J")  # clear the terminal: a refreshing view, like watch(1)
+                text += f"\n(refreshed {time.strftime('%H:%M:%S', time.localtime(clock()))}; every " \
+                        f"{opts['watch']:g} s; Ctrl-C to stop)"
+            print(text, file=out, flush=True)
+            refreshes += 1
+            if not opts["watch"] or done or (max_refreshes is not None and refreshes >= max_refreshes):
+                return 0
+            sleep(opts["watch"])
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
