@@ -160,7 +160,7 @@ def main(cfg: DictConfig, *, runner: Callable[..., Any] = subprocess.run, out: T
     # the composed DictConfig prints 5x faster than re-structuring the Job; same text when unchanged
     text = OmegaConf.to_yaml(cfg, resolve=True) if job is composed else job_to_yaml(job)
     if job.dry_run:
-        return _dry_run(job, run_dir, text, out)
+        return _dry_run(job, run_dir, text, out, None if sweep else err)
     from launch.submit import RunDirSnapshot, SubmitError, submit
 
     before = RunDirSnapshot.take(run_dir)
@@ -191,12 +191,16 @@ def main(cfg: DictConfig, *, runner: Callable[..., Any] = subprocess.run, out: T
         return EXIT_SUBMIT_FAILED
     ids = ", ".join(s.job_id or "?" for s in subs)
     print(f"submitted job {ids}  run {job.run.name}  dir {run_dir}", file=out)
+    if sweep is None:
+        from launch.summary import summary
+
+        print(summary(job, run_dir, job_ids=[s.job_id for s in subs if s.job_id]), file=out)
     if sweep is not None:
         record_member(job, sweep, status="submitted", run_dir=run_dir, job_id=subs[0].job_id)
     return 0
 
 
-def _dry_run(job: Job, run_dir: Path, config_yaml: str, out: TextIO) -> int:
+def _dry_run(job: Job, run_dir: Path, config_yaml: str, out: TextIO, err: Optional[TextIO] = None) -> int:
     """Print what would be submitted; stdout stays a valid shell script (config as comments)."""
     if job.cluster.launcher == "local":
         print(f"# local launcher: {job.world_size} processes on this machine, run dir {run_dir}", file=out)
@@ -206,6 +210,11 @@ def _dry_run(job: Job, run_dir: Path, config_yaml: str, out: TextIO) -> int:
         print(render(job, run_dir), end="", file=out)
     print(f"# ---- composed config ({run_dir}/config.yaml); dry run: nothing written or submitted ----", file=out)
     print(_commented(config_yaml), file=out)
+    if err is not None:  # the summary goes to stderr: stdout stays a script that `bash -n` accepts
+        from launch.summary import summary
+
+        out.flush()
+        print(f"dry run of {job.run.name}:\n{summary(job, run_dir)}", file=err)
     return 0
 
 

@@ -1,0 +1,96 @@
+"""The short table printed after a submission (and at the end of a dry run): what was asked for,
+what the planner expects of it, and the exact commands to follow it.
+
+Login-node code (no torch). The planner's numbers are estimates; the table says so.
+"""
+from __future__ import annotations
+
+import math
+import shlex
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from launch.config import Job
+
+
+def _hours(h: Optional[float]) -> str:
+    if h is None:
+        return "?"
+    if h < 1:
+        return f"{h * 60:.0f} min"
+    if h < 72:
+        return f"{h:.1f} h"
+    return f"{h / 24:.1f} days"
+
+
+def _count(x: Optional[float]) -> str:
+    if x is None:
+        return "?"
+    for unit, div in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def _estimate(job: Job) -> Any:
+    try:
+        from launch.planner.estimate import estimate
+
+        return estimate(job)
+    except Exception:  # informative only: an estimate that cannot be made leaves '?' in the table
+        return None
+
+
+def summary(job: Job, run_dir: Path, *, job_ids: Sequence[str] = (), est: Any = None) -> str:
+    """The table; ``job_ids`` empty means a dry run (nothing was submitted)."""
+    from launch.planner.estimate import layout_name, train_iterations
+
+    est = est if est is not None else _estimate(job)
+    c, t = job.cluster, job.training
+    device = "processes" if c.gpu == "cpu" else f"GPUs ({c.nodes} x {c.gpus_per_node} {c.gpu})"
+    rows = [("layout", f"{layout_name(job.parallelism)}-dp{job.dp} on {job.world_size} {device}; "
+                       f"gbs {t.global_batch_size}, mbs {t.micro_batch_size}, seq {job.model.seq_length}")]
+    if est is not None:
+        rows.append(("memory/GPU", f"{est.memory_gb_per_gpu:.1f} GiB of {c.gpu_memory_gb:g} "
+                                   f"({'fits' if est.fits else 'DOES NOT FIT'}; estimate)"))
+        if est.step_time_s:
+            tokens = t.global_batch_size * job.model.seq_length / est.step_time_s
+            mfu = f"MFU {100 * est.mfu:.1f}%" if est.mfu is not None and c.gpu != "cpu" else "no MFU (cluster.gpu: cpu)"
+            rows.append(("speed", f"{est.step_time_s:.3g} s/step, {mfu}, {_count(tokens)} tokens/s (estimate)"))
+    iters = train_iterations(job)
+    if iters:
+        target = f"{iters:,} steps ({_count(iters * t.global_batch_size * job.model.seq_length)} tokens)"
+        if est is not None and est.wall_time_h_total is not None:
+            usable_h = (job.run.time_limit_min * 60 - t.signal_lead_time_s) / 3600
+            slices = math.ceil(est.wall_time_h_total / usable_h) if usable_h > 0 and c.launcher == "slurm" else None
+            target += f": {_hours(est.wall_time_h_total)} wall"
+            if est.gpu_hours_total is not None and c.gpu != "cpu":
+                target += f", {est.gpu_hours_total:,.0f} GPU-hours"
+            if slices:
+                target += f", {slices:,} slice{'s' if slices > 1 else ''} of {job.run.time_limit_min} min"
+            if job.run.budget_gpu_hours:
+                target += f" (budget {job.run.budget_gpu_hours:,.0f} GPU-hours)"
+        rows.append(("to target", target))
+    if est is not None:
+        every = f", every {est.checkpoint_interval} steps" if est.checkpoint_interval else ""
+        size = f"{est.checkpoint_gb:,.3g} GB" if est.checkpoint_gb >= 1 else f"{est.checkpoint_gb * 1e3:.3g} MB"
+        rows.append(("checkpoint", f"{size}, save {est.save_time_s:.3g} s at "
+                                   f"{c.fs_write_bandwidth_gbs:g} GB/s{every}; keep {t.keep_checkpoints}"))
+    d = job.data
+    rows.append(("data", f"indexed {d.path} (split {d.split})" if d.kind == "indexed" else
+                 "mock: synthetic tokens (set data=indexed data.path=<prefix> for real text)"))
+    rows.append(("job", ", ".join(job_ids) + f"; run dir {run_dir}" if job_ids else
+                 f"dry run: nothing written or submitted; run dir would be {run_dir}"))
+    q = shlex.quote(str(run_dir))
+    if job_ids:
+        last_rank = job.world_size - 1
+        rows.append(("next", f"python launch/status.py {q} --watch 60"))
+        if c.launcher == "slurm":
+            rows.append(("", f"tail -F {q}/logs/{job_ids[0]}_{last_rank}.out   (the last rank's iteration lines)"))
+        rows.append(("", f"python analysis/report.py {q} --out {q}/report"))
+    else:
+        verb = "trains it on this machine" if c.launcher == "local" else "submits it"
+        rows.append(("next", f"the same command without dry_run=true {verb}; then "
+                             f"python launch/status.py {q} --watch 60"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
