@@ -96,10 +96,13 @@ def plan(job: Job) -> tuple[str, int]:
             out["ranked_table"] = table
         return json.dumps(out, sort_keys=True, default=float), status
     text = ([table, "", f"chosen: parallelism.name={job.parallelism.name}", ""] if table else [])
-    text.append(format_estimate(job, est))
-    if problems:
-        text.append("")
+    if problems:  # lead with the refusal; the numbers only explain it, they are not a plan
+        text.append(f"refused: pretrain.py would refuse this job ({len(problems)} problem(s)); this is not a plan")
         text.extend(f"problem: {p}" for p in problems)
+        text.extend(["", "what the refused layout would give (for reference only, not a plan):"])
+        text.extend(f"  {line}" for line in format_estimate(job, est).splitlines())
+    else:
+        text.append(format_estimate(job, est))
     return "\n".join(text), status
 
 

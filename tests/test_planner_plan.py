@@ -54,6 +54,9 @@ def test_a_layout_that_does_not_fit_is_reported_as_a_problem():
     status, text = _run("model=405b", "cluster=lustre", "cluster.nodes=2048", "parallelism.vpp=2", "parallelism.cp=1")
     assert status == 1
     assert "DOES NOT FIT" in text and "problem: parallelism" in text
+    # the refusal leads; the numbers follow, labelled as no plan
+    assert text.splitlines()[0].startswith("refused: pretrain.py would refuse this job")
+    assert text.index("problem: parallelism") < text.index("for reference only, not a plan") < text.index("MFU")
 
 
 def test_a_broken_job_prints_the_check_instead_of_crashing():
