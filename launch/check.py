@@ -80,7 +80,7 @@ def check(job: Job, *, path_exists: Callable[[str], bool] = os.path.exists) -> l
     """
     problems: list[Problem] = []
     for rule in (_positive_sizes, _mesh, _model_split, _batch, _features, _enums, _lifecycle,
-                 _time, _cluster, _strings):
+                 _time, _cluster, _numbers, _strings):
         problems.extend(rule(job))
     problems.extend(_data(job, path_exists))
     if not _has_size_errors(problems):
@@ -115,6 +115,7 @@ def _positive_sizes(job: Job) -> list[Problem]:
         "model.num_layers": job.model.num_layers,
         "model.num_attention_heads": job.model.num_attention_heads,
         "model.hidden_size": job.model.hidden_size,
+        "model.ffn_hidden_size": job.model.ffn_hidden_size,
         "model.seq_length": job.model.seq_length,
         "model.vocab_size": job.model.vocab_size,
         "model.make_vocab_size_divisible_by": job.model.make_vocab_size_divisible_by,
@@ -397,6 +398,43 @@ def _cluster(job: Job) -> list[Problem]:
     return out
 
 
+def _numbers(job: Job) -> list[Problem]:
+    """Rates, fractions and learning rates the planner and the optimizer divide by or multiply with."""
+    c, t = job.cluster, job.training
+    out = []
+    positive = {
+        "cluster.nvlink_bandwidth_gbs": c.nvlink_bandwidth_gbs,
+        "cluster.ib_bandwidth_gbs": c.ib_bandwidth_gbs,
+        "cluster.fs_write_bandwidth_gbs": c.fs_write_bandwidth_gbs,
+        "cluster.node_mtbf_hours": c.node_mtbf_hours,
+        "cluster.gpu_memory_gb": c.gpu_memory_gb,
+    }
+    for name, value in positive.items():
+        if not _finite(value) or value <= 0:
+            out.append(Problem(name, "must be a positive, finite number (the planner divides by it)",
+                               f"{name} = {value!r}, not > 0", f"set {name} to the measured value"))
+    frac = c.achievable_fraction
+    if not _finite(frac) or not 0 < frac <= 1:
+        out.append(Problem("cluster.achievable_fraction", "the fraction of peak a GEMM reaches lies in (0, 1]",
+                           f"achievable_fraction = {frac!r}, not in (0, 1]",
+                           "set cluster.achievable_fraction=0.7 (or a measured value)"))
+    for name, value in (("training.lr", t.lr), ("training.min_lr", t.min_lr)):
+        if not _finite(value) or value < 0:
+            out.append(Problem(name, "a learning rate must be a finite number >= 0",
+                               f"{name} = {value!r}", f"set {name}=3e-4 (or your schedule's value)"))
+    if _finite(t.lr) and _finite(t.min_lr) and 0 <= t.lr < t.min_lr:
+        out.append(Problem("training.min_lr", "the decay floor is above the peak learning rate",
+                           f"min_lr {t.min_lr} > lr {t.lr}", f"set training.min_lr<={t.lr}"))
+    return out
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+NAME_MAX = 255  # bytes in one path component on Linux filesystems (ext4, xfs, Lustre, NFS)
+
+
 def _strings(job: Job) -> list[Problem]:
     """Values rendered into ``#SBATCH`` lines or paths cannot hold newlines: a newline would end
     the directive and start a shell line. Refuse them here instead of rendering garbage."""
@@ -420,6 +458,10 @@ def _strings(job: Job) -> list[Problem]:
     if not name or "/" in name or name in (".", ".."):
         out.append(Problem("run.name", "must be a plain directory name", f"run.name = {name!r}",
                            "set run.name=<letters, digits, - _ .> without '/'"))
+    elif len(name.encode("utf-8")) > NAME_MAX:
+        out.append(Problem("run.name", "too long for a directory name on the filesystem",
+                           f"{len(name.encode('utf-8'))} bytes > NAME_MAX {NAME_MAX}",
+                           f"use a run.name of at most {NAME_MAX} bytes"))
     if not c.python.strip():
         out.append(Problem("cluster.python", "the compute-node interpreter is empty", "cluster.python = ''",
                            "set cluster.python=python3"))

@@ -84,4 +84,29 @@ def load_job(path: str | Path) -> Job:
 
 def job_to_yaml(job: Job) -> str:
     """The resolved composed config, as saved in runs/<name>/config.yaml."""
+    plain = dataclasses.asdict(job)
+    if "${" in repr(plain):  # a literal ${...} (escaped on the command line): keep it literal
+        return OmegaConf.to_yaml(OmegaConf.create(_escape(plain)))
     return OmegaConf.to_yaml(OmegaConf.structured(job), resolve=True)
+
+
+def literal_dollars(cfg: DictConfig, text: str) -> str:
+    """``text`` (``cfg`` resolved, as YAML) with every literal ``${`` escaped again as ``\\${``.
+
+    A value written ``\\${HOME}`` on the command line resolves to the text ``${HOME}`` (for the
+    batch script's shell). Saved as it is, reading ``config.yaml`` back would take it for an
+    interpolation once more; escaped, it reads back as the same text.
+    """
+    if "${" not in text:
+        return text
+    return OmegaConf.to_yaml(OmegaConf.create(_escape(OmegaConf.to_container(cfg, resolve=True))))
+
+
+def _escape(v):
+    if isinstance(v, str):
+        return v.replace("${", "\\${")
+    if isinstance(v, dict):
+        return {k: _escape(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_escape(x) for x in v]
+    return v

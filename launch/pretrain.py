@@ -26,10 +26,10 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path[:] = [_ROOT] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
-from omegaconf.errors import OmegaConfBaseException  # noqa: E402
+from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException  # noqa: E402
 
 from launch.check import _optional, check, notes, submission_problems  # noqa: E402
-from launch.compose import config_error, job_to_yaml, load_job, to_job, unknown_keys  # noqa: E402
+from launch.compose import config_error, job_to_yaml, literal_dollars, load_job, to_job, unknown_keys  # noqa: E402
 from launch.config import Job  # noqa: E402
 from launch.problems import Problem, format_problems  # noqa: E402
 
@@ -73,6 +73,50 @@ def shape_problems(job: Job, run_dir: Path) -> list[Problem]:
         "run.name", "this run already exists with a different model shape; its checkpoints cannot be resumed",
         ", ".join(f"model.{k}: {asdict(old.model).get(k)!r} -> {asdict(job.model)[k]!r}" for k in changed),
         "pick a new run.name for a new model, or drop the model overrides to continue the run")]
+
+
+def interpolation_refusal(exc: InterpolationResolutionError) -> str:
+    """One line for a ``${...}`` that OmegaConf could not resolve (typically shell text in cluster.setup/env)."""
+    key = getattr(exc, "full_key", "") or "?"
+    why = str(getattr(exc, "msg", "") or exc).splitlines()[0]
+    return (f"refused: {key}: {why}; OmegaConf reads ${{...}} as a reference to another config key. For a shell "
+            f"variable write $HOME (no braces) or escape it as \\${{HOME}} (the batch script then gets ${{HOME}})")
+
+
+def writer_problems(job: Job, run_dir: Path, runner: Callable[..., Any]) -> tuple[list[Problem], list[str]]:
+    """One writer per run, asked on the login node before anything is written: (problems, warnings).
+
+    Refused: a run whose lock (``run.lock``) is held by a live attempt, and, for Slurm, a run
+    whose earlier jobs (``submissions.jsonl``) ``squeue`` still lists as pending or running.
+    The compute-node lock (:mod:`recovery.lock`) is the last line; this answers before a job
+    is even queued.
+    """
+    from recovery import lock
+    from recovery.events import read_events
+
+    problems, warnings = [], []
+    paths = job.paths_at(run_dir)
+    held = lock.active_holder(paths.lock, job_active=lambda j: lock.slurm_job_active(j, runner))
+    if held:
+        holder, why = held
+        problems.append(Problem("run.name", "this run is being trained right now (one writer per run)",
+                                f"{paths.lock}: held by {holder.describe()} ({why})",
+                                "wait for it to end, stop it, or pick another run.name"))
+    ids = [str(r["job_id"]) for r in read_events(paths.submissions) if r.get("job_id")]
+    if ids and job.cluster.launcher == "slurm" and not held:
+        try:
+            states = lock.squeue_states(ids, runner)
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            warnings.append(f"WARNING: cannot ask squeue whether this run's jobs {', '.join(ids[-3:])} still run "
+                            f"({exc}); the compute-node run lock still keeps a second writer out")
+        else:
+            active = {j: st for j, st in states.items() if st.split()[0].rstrip("+") in lock.ACTIVE_STATES}
+            if active:
+                problems.append(Problem(
+                    "run.name", "this run already has a job queued or running (one writer per run)",
+                    ", ".join(f"job {j} {st}" for j, st in sorted(active.items())) + " (squeue)",
+                    f"wait for it, cancel it (scancel {' '.join(sorted(active))}), or pick another run.name"))
+    return problems, warnings
 
 
 def _commented(text: str) -> str:
@@ -123,6 +167,9 @@ def main(cfg: DictConfig, *, runner: Callable[..., Any] = subprocess.run, out: T
         return refused
     try:
         job = composed = to_job(cfg)
+    except InterpolationResolutionError as exc:  # typically shell text ${HOME} in cluster.setup/env
+        print(interpolation_refusal(exc), file=err)
+        return refused
     except OmegaConfBaseException as exc:  # a missing value (???) or a bad interpolation
         print(f"refused: {config_error(exc)}; nothing was submitted", file=err)
         return refused
@@ -148,6 +195,11 @@ def main(cfg: DictConfig, *, runner: Callable[..., Any] = subprocess.run, out: T
         from launch.preflight_checks import preflight_problems
 
         problems += preflight_problems(run_dir)
+    if not job.dry_run:
+        more, warnings = writer_problems(job, run_dir, runner)
+        problems += more
+        for line in warnings:
+            print(line, file=err)
     if problems:
         print(format_problems(problems), file=err)
         if sweep is not None:
@@ -158,10 +210,11 @@ def main(cfg: DictConfig, *, runner: Callable[..., Any] = subprocess.run, out: T
     for note in notes(job):
         print(f"note: {note}", file=err)
     # the composed DictConfig prints 5x faster than re-structuring the Job; same text when unchanged
-    text = OmegaConf.to_yaml(cfg, resolve=True) if job is composed else job_to_yaml(job)
+    text = literal_dollars(cfg, OmegaConf.to_yaml(cfg, resolve=True)) if job is composed else job_to_yaml(job)
     if job.dry_run:
         return _dry_run(job, run_dir, text, out, None if sweep else err)
     from launch.submit import RunDirSnapshot, SubmitError, submit
+    from recovery.identity import ensure_run_id
 
     before = RunDirSnapshot.take(run_dir)
     try:
@@ -175,9 +228,11 @@ def main(cfg: DictConfig, *, runner: Callable[..., Any] = subprocess.run, out: T
     if job.cluster.launcher == "local":
         from launch import local  # spawns the ranks (which import torch); this process does not
 
+        ensure_run_id(run_dir)  # the run's identity: every checkpoint's manifest names it
         return int(local.run(job, run_dir))
     try:
         subs = submit(job, run_dir, runner=runner)
+        ensure_run_id(run_dir)  # (or rank 0 of the job made it first: the first creator wins)
     except SubmitError as exc:
         if exc.submitted:  # a dependency chain broke half-way: those jobs are queued, keep their record
             ids = ", ".join(s.job_id or "?" for s in exc.submitted)

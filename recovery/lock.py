@@ -249,7 +249,7 @@ def active_holder(path: Path, *, host: Optional[str] = None,
     """The live holder of ``path`` and why it counts as live, or None (no lock, or a stale one)."""
     try:
         text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     holder = Holder.from_text(text)
     if holder is None:

@@ -305,9 +305,9 @@ def explain(root: Path, *, storage: Optional[LocalStorage] = None) -> tuple[int,
     else:
         lines.append(f"a restart would refuse ({plan.reason}): {plan.detail}")
         code = 3
-    lines.append(json.dumps({"action": plan.action, "reason": plan.reason, "path": str(plan.path) if plan.path else None,
-                             "step": plan.step, "latest_hint": read_latest(root, storage=st), "meta": plan.meta},
-                            default=str))
+    lines.append(json.dumps({"action": plan.action, "reason": plan.reason,
+                             "path": str(plan.path) if plan.path else None, "step": plan.step,
+                             "latest_hint": read_latest(root, storage=st), "meta": plan.meta}, default=str))
     return code, "\n".join(lines)
 
 

@@ -295,10 +295,13 @@ def test_squeue_states_reads_active_jobs_and_tells_cannot_from_ended():
         assert argv[:2] == ["squeue", "-h"]
         return SimpleNamespace(returncode=0, stdout="101|PENDING\n102|RUNNING\n", stderr="")
     assert lock.squeue_states(["101", "102", "103"], runner) == {"101": "PENDING", "102": "RUNNING"}
-    gone = lambda argv, **_kw: SimpleNamespace(returncode=1, stdout="", stderr="slurm_load_jobs error: Invalid job id specified")  # noqa: E731
+    def answer(rc, err):
+        return lambda argv, **_kw: SimpleNamespace(returncode=rc, stdout="", stderr=err)
+
+    gone = answer(1, "slurm_load_jobs error: Invalid job id specified")
     assert lock.squeue_states(["9"], gone) == {}
     assert lock.slurm_job_active("9", gone) is False
-    broken = lambda argv, **_kw: SimpleNamespace(returncode=1, stdout="", stderr="Unable to contact slurm controller")  # noqa: E731
+    broken = answer(1, "Unable to contact slurm controller")
     assert lock.slurm_job_active("9", broken) is None
 
 

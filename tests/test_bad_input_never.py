@@ -1,0 +1,117 @@
+"""Bad input gets one line (field, arithmetic, fix) and exit 2: planner numbers, run names, ``${...}`` text,
+and the login node's one-writer check (a run already queued, running, or locked)."""
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from launch import pretrain
+from launch.check import check
+from launch.compose import CONFIG_DIR, compose_job, job_to_yaml, load_job
+from launch.config import register_configs
+
+REPO = Path(__file__).resolve().parent.parent
+LOCAL = ["cluster=local", "model=tiny", "run.dir=/nonexistent/runs/t"]
+
+
+def _fields(job):
+    return [p.field for p in check(job)]
+
+
+@pytest.mark.parametrize("field, value", [
+    ("nvlink_bandwidth_gbs", 0.0), ("ib_bandwidth_gbs", -1.0), ("fs_write_bandwidth_gbs", 0.0),
+    ("node_mtbf_hours", 0.0), ("node_mtbf_hours", -5.0), ("gpu_memory_gb", 0.0),
+    ("achievable_fraction", 0.0), ("achievable_fraction", 1.5), ("achievable_fraction", math.nan),
+])
+def test_planner_numbers_are_refused_with_the_field(field, value):
+    job = compose_job(LOCAL)
+    job = replace(job, cluster=replace(job.cluster, **{field: value}))
+    assert f"cluster.{field}" in _fields(job)
+
+
+@pytest.mark.parametrize("lr", [math.nan, math.inf, -1e-4])
+def test_learning_rate_not_finite_or_negative_is_refused(lr):
+    job = compose_job(LOCAL)
+    assert "training.lr" in _fields(replace(job, training=replace(job.training, lr=lr)))
+
+
+def test_zero_sizes_and_long_run_names_are_refused():
+    job = compose_job(LOCAL)
+    assert "model.ffn_hidden_size" in _fields(replace(job, model=replace(job.model, ffn_hidden_size=0)))
+    assert "model.hidden_size" in _fields(replace(job, model=replace(job.model, hidden_size=0)))
+    long_name = "r" * 256
+    probs = check(replace(job, run=replace(job.run, name=long_name)))
+    assert [p.field for p in probs] == ["run.name"] and "NAME_MAX 255" in str(probs[0])
+    assert check(replace(job, run=replace(job.run, name="r" * 255))) == []
+
+
+def test_shell_dollar_brace_text_is_one_line_exit_2_and_an_escaped_one_round_trips(tmp_path):
+    proc = subprocess.run([sys.executable, "launch/pretrain.py", "dry_run=true",
+                           "cluster.setup=['source ${HOME}/venv/bin/activate']"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
+    assert "cluster.setup[0]" in proc.stderr and "\\${HOME}" in proc.stderr
+    job = compose_job(["cluster=slurm_local", "cluster.setup=['source \\${HOME}/venv/bin/activate']"])
+    assert job.cluster.setup == ["source ${HOME}/venv/bin/activate"]
+    (tmp_path / "config.yaml").write_text(job_to_yaml(job))
+    assert load_job(tmp_path / "config.yaml") == job  # what the ranks read back is the same text
+
+
+def _cfg(overrides):
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def test_a_run_with_a_queued_job_is_refused_on_the_login_node(tmp_path):
+    run_dir = tmp_path / "runs" / "t"
+    run_dir.mkdir(parents=True)
+    (run_dir / "submissions.jsonl").write_text(json.dumps({"job_id": "501", "kind": "submit"}) + "\n")
+    calls = []
+
+    def runner(argv, **_kw):
+        calls.append(argv)
+        if argv[0] == "squeue":
+            return SimpleNamespace(returncode=0, stdout="501|PENDING\n", stderr="")
+        raise AssertionError(f"nothing may be submitted: {argv}")
+
+    err = io.StringIO()
+    rc = pretrain.main(_cfg(["cluster=lustre", "model=7b", "run.name=t", f"cluster.run_root={tmp_path / 'runs'}",
+                             "force=true"]),
+                       runner=runner, out=io.StringIO(), err=err)
+    assert rc == 2 and "job 501 PENDING" in err.getvalue() and "scancel 501" in err.getvalue()
+    assert [c[0] for c in calls] == ["squeue"] and not (run_dir / "config.yaml").exists()
+
+    def ended(argv, **_kw):
+        if argv[0] == "squeue":
+            return SimpleNamespace(returncode=0, stdout="", stderr="")
+        return SimpleNamespace(returncode=0, stdout="502\n", stderr="")
+
+    assert pretrain.main(_cfg(["cluster=lustre", "model=7b", "run.name=t", f"cluster.run_root={tmp_path / 'runs'}",
+                             "force=true"]),
+                         runner=ended, out=io.StringIO(), err=io.StringIO()) == 0
+    assert (run_dir / "run_id").read_text().strip()
+
+
+def test_a_locked_local_run_is_refused_on_the_login_node(tmp_path):
+    from recovery import lock
+
+    run_dir = tmp_path / "runs" / "t"
+    held = lock.acquire(run_dir / "run.lock", lock.me_from_env({}))
+    err = io.StringIO()
+    rc = pretrain.main(_cfg(["cluster=local", "model=tiny", "run.name=t", f"cluster.run_root={tmp_path / 'runs'}"]),
+                       out=io.StringIO(), err=err)
+    assert rc == 2 and f"pid {os.getpid()}" in err.getvalue() and "one writer per run" in err.getvalue()
+    assert not (run_dir / "config.yaml").exists()
+    held.release()
