@@ -29,6 +29,7 @@ from launch.problems import Problem
 RECOMPUTE = ("none", "selective", "full")
 PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
 LR_DECAY_STYLES = ("cosine", "linear", "constant")
+WANDB_MODES = ("offline", "online")
 LAUNCHERS = ("slurm", "local")
 DATA_KINDS = ("mock", "indexed")
 POSITION_EMBEDDINGS = ("rope", "learned_absolute")
@@ -301,6 +302,7 @@ def _enums(job: Job) -> list[Problem]:
         ("model.position_embedding_type", job.model.position_embedding_type, POSITION_EMBEDDINGS),
         ("model.normalization", job.model.normalization, NORMALIZATIONS),
         ("plan.format", job.plan.format, PLAN_FORMATS),
+        ("tracking.wandb_mode", job.tracking.wandb_mode, WANDB_MODES),
     ]
     return [p for p in (_enum(*pair) for pair in pairs) if p is not None]
 

@@ -163,6 +163,17 @@ class RunConfig:
 
 
 @dataclass
+class TrackingConfig:
+    """Scalars for TensorBoard / W&B (train/tracking.py); both packages are the optional extra [tracking]."""
+
+    tensorboard: bool = True  # <run_dir>/tensorboard/, Megatron-LM's scalar names
+    wandb: bool = False  # one W&B run per slurmtron run, resumed by every attempt
+    wandb_mode: str = "offline"  # offline (sync later: clusters often have no internet) | online
+    wandb_project: str = "slurmtron"
+    wandb_entity: str = ""  # '' = the W&B default entity
+
+
+@dataclass
 class PlanConfig:
     """Options of launch/plan.py."""
 
@@ -181,6 +192,7 @@ class Job:
     data: DataConfig = MISSING
     run: RunConfig = field(default_factory=RunConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     dry_run: bool = False  # print the rendered script and composed config; submit nothing
     force: bool = False  # submit despite a failed preflight
 

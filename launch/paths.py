@@ -13,6 +13,8 @@ A run directory ``<cluster.run_root>/<run.name>/`` (or ``run.dir``) holds::
     failed_nodes.json   hosts excluded from later attempts
     run.lock            the one-writer lock of a running attempt
     hangs/              stack dumps of hung attempts
+    tensorboard/        TensorBoard event files (one per attempt; purged past the resumed step)
+    wandb_id            the W&B run id every attempt resumes (wandb/ holds W&B's own files)
     checkpoints/        iter_NNNNNNN/ (committed), iter_NNNNNNN.tmp/ (staging), latest
 
 With ``cluster.checkpoint_root`` set, checkpoints live in ``<checkpoint_root>/<run.name>/`` instead, so two runs
@@ -36,6 +38,8 @@ PROGRESS = "progress.json"
 FAILED_NODES = "failed_nodes.json"
 LOCK = "run.lock"
 HANGS = "hangs"
+TENSORBOARD = "tensorboard"
+WANDB_ID = "wandb_id"
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 STAGING_SUFFIX = ".tmp"
@@ -95,6 +99,14 @@ class RunPaths:
     @property
     def hangs(self) -> Path:
         return self.run_dir / HANGS
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.run_dir / TENSORBOARD
+
+    @property
+    def wandb_id(self) -> Path:
+        return self.run_dir / WANDB_ID
 
     @property
     def latest(self) -> Path:

@@ -1,0 +1,111 @@
+"""TensorBoard and W&B writers of ``train/tracking.py``, read back with the packages' own readers."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from launch.compose import compose_job
+from train.tracking import NAMES, Tracker, open_tracker, wandb_run_id
+
+pytest.importorskip("tensorboard")  # the optional extra [tracking]; the test extra installs it
+
+
+def _job(tmp_path, *extra):
+    return compose_job([f"run.dir={tmp_path / 'run'}", "run.name=run", *extra])
+
+
+def _attempt(job, paths, resumed_step, steps, events=()):
+    tr = open_tracker(job, paths, resumed_step=resumed_step, warn=lambda s: None)
+    for step in steps:
+        tr.scalars(step, {"loss": 10.0 - step / 10, "lr": 1e-4, "grad_norm": 1.0, "iteration_time": 0.5,
+                          "mfu": None})
+    for step, text in events:
+        tr.text(step, text)
+    tr.close()
+
+
+def _scalars(log_dir: Path, tag: str) -> list[tuple[int, float]]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def test_a_requeue_leaves_one_point_per_step_in_order(tmp_path):
+    job = _job(tmp_path)
+    paths = job.paths_at(tmp_path / "run")
+    _attempt(job, paths, 0, range(1, 9), events=[(8, "preempted at step 8; last checkpoint at step 5")])
+    _attempt(job, paths, 5, range(6, 13))  # the requeued attempt redoes steps 6..8 from the step-5 checkpoint
+    assert len(list(paths.tensorboard.glob("events.out.tfevents.*"))) == 2
+    points = _scalars(paths.tensorboard, NAMES["loss"])
+    assert [s for s, _ in points] == list(range(1, 13))  # no duplicate, none out of order
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = EventAccumulator(str(paths.tensorboard)).Reload().Tags()
+    assert {NAMES[k] for k in ("loss", "lr", "grad_norm", "iteration_time")} <= set(tags["scalars"])
+    assert "mfu" not in tags["scalars"]  # None (a CPU run) is not written as a number
+    assert "events/text_summary" in tags["tensors"]  # the preemption note, as text
+
+
+def test_megatron_names():
+    assert NAMES["loss"] == "lm loss" and NAMES["lr"] == "learning-rate" and NAMES["grad_norm"] == "grad-norm"
+    assert NAMES["val_loss"] == "lm loss validation" and NAMES["val_ppl"] == "lm loss validation ppl"
+
+
+def test_a_missing_package_is_a_warning_and_an_event(tmp_path, monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_wandb(name, *a, **k):
+        if name == "wandb":
+            raise ImportError("No module named 'wandb'", name="wandb")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_wandb)
+    job = _job(tmp_path, "tracking.wandb=true", "tracking.tensorboard=false")
+    warned, events = [], []
+    tr = open_tracker(job, job.paths_at(tmp_path / "run"), resumed_step=0, warn=warned.append,
+                      emit=lambda kind, **f: events.append((kind, f)))
+    assert tr.writers == [] and "WARNING: tracking.wandb" in warned[0] and events[0][0] == "tracking_unavailable"
+
+
+def test_a_failing_writer_is_dropped_with_a_warning():
+    class Broken:
+        def scalars(self, step, values):
+            raise OSError("disk full")
+
+    warned = []
+    tr = Tracker([Broken()], warn=warned.append)
+    tr.scalars(1, {"loss": 1.0})
+    tr.scalars(2, {"loss": 1.0})
+    assert tr.writers == [] and len(warned) == 1 and "disk full" in warned[0]
+
+
+def test_the_wandb_id_is_made_once(tmp_path):
+    ids = iter(["first", "second"])
+    path = tmp_path / "wandb_id"
+    assert wandb_run_id(path, lambda: next(ids)) == "first"
+    assert wandb_run_id(path, lambda: next(ids)) == "first"
+
+
+def test_wandb_offline_two_attempts_share_one_run_id(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    job = _job(tmp_path, "tracking.wandb=true", "tracking.tensorboard=false")
+    paths = job.paths_at(tmp_path / "run")
+    paths.run_dir.mkdir(parents=True)
+    warned: list = []
+    for resumed, steps in ((0, range(1, 6)), (3, range(4, 9))):
+        tr = open_tracker(job, paths, resumed_step=resumed, warn=warned.append)
+        assert len(tr.writers) == 1, warned
+        for step in steps:
+            tr.scalars(step, {"loss": 5.0 - step / 10})
+        tr.close()
+    run_id = paths.wandb_id.read_text().strip()
+    runs = sorted((paths.run_dir / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(r.name.endswith(f"-{run_id}") for r in runs)
+    assert any("wandb sync" in w for w in warned)

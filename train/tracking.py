@@ -1,0 +1,181 @@
+"""Training scalars for TensorBoard and (optionally) Weights & Biases, from one rank.
+
+Which rank: the first data-parallel, first tensor-parallel rank of the last pipeline stage
+(the loss lives on the last stage; every dp rank there holds the same reduced values).
+
+Names are Megatron-LM's where it has one (``training.py::training_log`` and
+``evaluate_and_print_results``): ``lm loss``, ``learning-rate``, ``grad-norm``, ``loss-scale``,
+``batch-size``, ``iteration-time``, ``throughput`` (TFLOP/s/GPU), ``mem-allocated-bytes`` /
+``mem-max-allocated-bytes`` (CUDA), ``lm loss validation`` / ``lm loss validation ppl``. Ours where
+it has none: ``mfu``, ``tokens-per-sec``, ``mem-rss-bytes`` (CPU runs: the process's resident set).
+
+Across requeues: TensorBoard's ``purge_step`` is the first step this attempt will train (the
+resumed checkpoint's step + 1), so the steps a failed attempt ran past its last checkpoint are
+hidden when the same steps are logged again: one point per step, in order. W&B: the run id is
+kept in ``<run_dir>/wandb_id`` so every attempt resumes the same W&B run (offline by default:
+clusters often have no internet; ``wandb sync <run_dir>/wandb/offline-run-*`` uploads it later).
+
+Neither package is needed for training: a missing one is one WARNING line and a
+``tracking_unavailable`` event, and training goes on (``pip install 'slurmtron[tracking]'``).
+"""
+from __future__ import annotations
+
+import os
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Protocol
+
+from launch.config import Job
+from launch.paths import RunPaths
+
+NAMES = {  # our key -> the TensorBoard tag
+    "loss": "lm loss", "lr": "learning-rate", "grad_norm": "grad-norm", "loss_scale": "loss-scale",
+    "batch_size": "batch-size", "iteration_time": "iteration-time", "throughput": "throughput", "mfu": "mfu",
+    "tokens_per_s": "tokens-per-sec", "mem_allocated": "mem-allocated-bytes",
+    "mem_max_allocated": "mem-max-allocated-bytes", "mem_rss": "mem-rss-bytes",
+    "val_loss": "lm loss validation", "val_ppl": "lm loss validation ppl",
+}
+
+
+class Writer(Protocol):
+    def scalars(self, step: int, values: Mapping[str, float]) -> None: ...
+    def text(self, step: int, text: str) -> None: ...
+    def close(self) -> None: ...
+
+
+class TensorBoardWriter:
+    """``torch.utils.tensorboard.SummaryWriter`` (the writer Megatron-LM uses) into ``<run_dir>/tensorboard``."""
+
+    def __init__(self, log_dir: Path, *, first_step: int, flush_secs: int = 30) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        # purge_step: events at >= first_step from earlier attempts are hidden (they were redone)
+        self.w = SummaryWriter(log_dir=str(log_dir), purge_step=first_step if first_step > 1 else None,
+                               flush_secs=flush_secs)
+
+    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+        for key, value in values.items():
+            self.w.add_scalar(NAMES.get(key, key), value, step)
+
+    def text(self, step: int, text: str) -> None:
+        self.w.add_text("events", text, step)
+        self.w.flush()  # events are rare and worth having on disk
+
+    def close(self) -> None:
+        self.w.flush()
+        self.w.close()
+
+
+def wandb_run_id(path: Path, new_id: Callable[[], str] = lambda: uuid.uuid4().hex[:12]) -> str:
+    """The run's W&B id: read from ``path``, or made once and written atomically."""
+    try:
+        text = path.read_text().strip()
+        if text:
+            return text
+    except FileNotFoundError:
+        pass
+    run_id = new_id()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(run_id + "\n")
+    try:
+        os.link(tmp, path)  # fails if another writer made it first: then theirs wins
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path.read_text().strip()
+
+
+class WandbWriter:
+    """One W&B run per slurmtron run, resumed by every attempt (id in ``<run_dir>/wandb_id``)."""
+
+    def __init__(self, job: Job, paths: RunPaths, *, mode: str, project: str, entity: str = "") -> None:
+        import wandb
+
+        self.wandb = wandb
+        self.run_id = wandb_run_id(paths.wandb_id)
+        self.run = wandb.init(id=self.run_id, resume="allow", mode=mode, project=project, entity=entity or None,
+                              name=job.run.name, dir=str(paths.run_dir), config=asdict(job),
+                              settings=wandb.Settings(silent=True, console="off"))
+        self.run.define_metric("iteration")
+        self.run.define_metric("*", step_metric="iteration")
+
+    def scalars(self, step: int, values: Mapping[str, float]) -> None:
+        self.run.log({"iteration": step, **{NAMES.get(k, k): v for k, v in values.items()}})
+
+    def text(self, step: int, text: str) -> None:
+        self.run.log({"iteration": step, "events": text})
+
+    def close(self) -> None:
+        self.run.finish(quiet=True)
+
+
+class Tracker:
+    """Fans scalars and event texts out to the writers; a writer that fails is dropped with a warning."""
+
+    def __init__(self, writers: list, warn: Callable[[str], None] = print) -> None:
+        self.writers = list(writers)
+        self.warn = warn
+
+    def _each(self, call: Callable[[Any], None], what: str) -> None:
+        for w in list(self.writers):
+            try:
+                call(w)
+            except Exception as exc:  # tracking must never stop training; say so, once
+                self.warn(f"WARNING: {type(w).__name__} failed on {what} ({type(exc).__name__}: {exc}); "
+                          "it writes nothing more in this attempt")
+                self.writers.remove(w)
+
+    def scalars(self, step: int, values: Mapping[str, Optional[float]]) -> None:
+        clean = {k: float(v) for k, v in values.items() if v is not None}
+        self._each(lambda w: w.scalars(step, clean), f"step {step}")
+
+    def text(self, step: int, text: str) -> None:
+        self._each(lambda w: w.text(step, text), "an event")
+
+    def close(self) -> None:
+        self._each(lambda w: w.close(), "close")
+        self.writers = []
+
+
+def open_tracker(job: Job, paths: RunPaths, *, resumed_step: int, warn: Callable[[str], None] = print,
+                 emit: Callable[..., Any] = lambda *a, **k: None) -> Tracker:
+    """The writers ``job.tracking`` asks for; a missing package is a WARNING line and an event, not an error."""
+    t = job.tracking
+    writers: list = []
+    if t.tensorboard:
+        try:
+            writers.append(TensorBoardWriter(paths.tensorboard, first_step=resumed_step + 1))
+        except ImportError as exc:
+            warn(f"WARNING: tracking.tensorboard: {exc.name or 'tensorboard'} is not installed "
+                 "(pip install 'slurmtron[tracking]'); no TensorBoard scalars (tracking.tensorboard=false silences this)")
+            emit("tracking_unavailable", writer="tensorboard", detail=str(exc))
+    if t.wandb:
+        try:
+            w = WandbWriter(job, paths, mode=t.wandb_mode, project=t.wandb_project, entity=t.wandb_entity)
+            writers.append(w)
+            if t.wandb_mode == "offline":
+                warn(f"W&B offline run {w.run_id}: upload with  wandb sync {paths.run_dir}/wandb/offline-run-*")
+        except ImportError as exc:
+            warn(f"WARNING: tracking.wandb: wandb is not installed (pip install 'slurmtron[tracking]'); no W&B run")
+            emit("tracking_unavailable", writer="wandb", detail=str(exc))
+        except Exception as exc:  # wandb.init failing (no login for online mode, ...): train anyway, say so
+            warn(f"WARNING: tracking.wandb: wandb.init failed ({type(exc).__name__}: {exc}); no W&B run")
+            emit("tracking_unavailable", writer="wandb", detail=str(exc))
+    return Tracker(writers, warn)
+
+
+def memory_scalars(cuda: bool) -> dict[str, float]:
+    """Megatron's CUDA memory scalars, or this process's resident set size on the CPU."""
+    if cuda:
+        import torch
+
+        return {"mem_allocated": float(torch.cuda.memory_allocated()),
+                "mem_max_allocated": float(torch.cuda.max_memory_allocated())}
+    try:
+        import psutil
+
+        return {"mem_rss": float(psutil.Process().memory_info().rss)}
+    except Exception:
+        return {}
