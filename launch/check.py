@@ -65,6 +65,9 @@ def notes(job: Job) -> list[str]:
             f"dp {job.dp} = world {job.world_size} / (tp {job.parallelism.tp} * pp {job.parallelism.pp}"
             f" * cp {job.parallelism.cp}); microbatches per step = {num_microbatches(job)}"
         )
+    planner = _optional("launch.planner")
+    if planner is not None and hasattr(planner, "memory_warnings") and job.parallelism.name != "auto":
+        out.extend(planner.memory_warnings(job))  # inside the planner's error band: may or may not fit
     return out
 
 
@@ -80,7 +83,7 @@ def check(job: Job, *, path_exists: Callable[[str], bool] = os.path.exists) -> l
     ``path_exists`` is injected so tests can describe a dataset without creating files.
     """
     problems: list[Problem] = []
-    for rule in (_positive_sizes, _mesh, _model_split, _batch, _features, _enums, _lifecycle,
+    for rule in (_positive_sizes, _mesh, _model_split, _batch, _features, _recipe_support, _enums, _lifecycle,
                  _time, _cluster, _numbers, _strings):
         problems.extend(rule(job))
     problems.extend(_data(job, path_exists))
@@ -285,6 +288,26 @@ def _features(job: Job) -> list[Problem]:
     return out
 
 
+def _recipe_support(job: Job) -> list[Problem]:
+    """Settings the planner models but the training recipe (train/train_loop.py: Megatron-Core DDP +
+    the distributed optimizer, ZeRO-1, no overlap) does not run yet. ``launch/plan.py`` still
+    estimates them; a job that would train with them is refused rather than silently run without."""
+    p = job.parallelism
+    out = []
+    if p.sharding == "full":
+        out.append(Problem(
+            "parallelism.sharding", "the training recipe does not shard weights and gradients yet (ZeRO-3/FSDP)",
+            "sharding=full, but train/train_loop.py builds Megatron-Core DDP + the distributed optimizer (ZeRO-1)",
+            "set parallelism.sharding=optimizer with parallelism.distributed_optimizer=true "
+            "(launch/plan.py estimates sharding=full for planning)"))
+    if p.overlap_grad_reduce:
+        out.append(Problem(
+            "parallelism.overlap_grad_reduce", "the training recipe does not overlap the gradient reduce yet",
+            "overlap_grad_reduce=true, but train/train_loop.py builds DDP with overlap_grad_reduce=False",
+            "set parallelism.overlap_grad_reduce=false (launch/plan.py estimates the overlap for planning)"))
+    return out
+
+
 def _enum(field: str, value: Any, allowed: tuple[str, ...]) -> Optional[Problem]:
     if value in allowed:
         return None
@@ -415,6 +438,16 @@ def _numbers(job: Job) -> list[Problem]:
         if not _finite(value) or value <= 0:
             out.append(Problem(name, "must be a positive, finite number (the planner divides by it)",
                                f"{name} = {value!r}, not > 0", f"set {name} to the measured value"))
+    calibration = {  # the planner's per-site constants (launch/planner/steptime.py): 0 turns a term off
+        "cluster.nvlink_latency_us": c.nvlink_latency_us, "cluster.ib_latency_us": c.ib_latency_us,
+        "cluster.kernel_launch_us": c.kernel_launch_us, "cluster.step_overhead_s": c.step_overhead_s,
+        "cluster.step_jitter": c.step_jitter,
+    }
+    for name, value in calibration.items():
+        if not _finite(value) or value < 0:
+            out.append(Problem(name, "a planner calibration constant must be a finite number >= 0",
+                               f"{name} = {value!r}, not >= 0",
+                               f"set {name} to the schema default or a value fitted with launch.planner.compare"))
     frac = c.achievable_fraction
     if not _finite(frac) or not 0 < frac <= 1:
         out.append(Problem("cluster.achievable_fraction", "the fraction of peak a GEMM reaches lies in (0, 1]",

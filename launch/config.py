@@ -14,6 +14,7 @@ This module must stay importable on a login node: no torch, no megatron.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
@@ -21,6 +22,23 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from launch.paths import RunPaths
+
+
+class AttentionBackend(str, Enum):
+    """Attention kernels: ``fused`` (flash / cuDNN fused attention, TransformerEngine's default on GPUs)
+    never writes the s x s scores to memory; ``unfused`` (Megatron's local spec, the 2021-22 papers)
+    does. A string enum: Hydra refuses any other value at compose time."""
+
+    fused = "fused"
+    unfused = "unfused"
+
+
+class Sharding(str, Enum):
+    """What the data-parallel group shards. ``optimizer``: the fp32 main weights and Adam moments
+    (ZeRO-1, with ``distributed_optimizer``); ``full``: weights and gradients too (ZeRO-3 / FSDP)."""
+
+    optimizer = "optimizer"
+    full = "full"
 
 
 @dataclass
@@ -47,6 +65,7 @@ class ModelConfig:
     num_experts: Optional[int] = None  # MoE experts per layer; None means dense
     moe_router_topk: int = 2  # experts each token is routed to
     moe_ffn_hidden_size: Optional[int] = None  # expert MLP width; None means = ffn_hidden_size
+    attention_backend: AttentionBackend = AttentionBackend.fused  # fused | unfused (see AttentionBackend)
 
 
 @dataclass
@@ -62,6 +81,8 @@ class ParallelismConfig:
     sequence_parallel: bool = False  # shard LayerNorm/dropout activations across tp; needs tp > 1
     distributed_optimizer: bool = True  # shard fp32 main params and Adam moments across dp (ZeRO-1)
     recompute: str = "none"  # none | selective | full activation recomputation
+    sharding: Sharding = Sharding.optimizer  # optimizer (ZeRO-1) | full (ZeRO-3/FSDP: weights + grads too)
+    overlap_grad_reduce: bool = False  # overlap the dp gradient reduce (and the weight gather) with compute
     allow_tp_across_nodes: bool = False  # permit tp > gpus_per_node (slow: TP traffic on IB)
     account_for_embedding_in_pipeline_split: bool = False  # count the embedding as a layer of stage 0
     account_for_loss_in_pipeline_split: bool = False  # count the output layer + loss as a layer of the last stage
@@ -96,6 +117,11 @@ class ClusterConfig:
     ib_bandwidth_gbs: float = 50.0  # per-GPU inter-node bandwidth, GB/s (NDR 400 Gb/s = 50 GB/s)
     fs_write_bandwidth_gbs: float = 20.0  # aggregate checkpoint write bandwidth, GB/s
     achievable_fraction: float = 0.7  # fraction of dense peak a well-tuned GEMM reaches (planner)
+    nvlink_latency_us: float = 3.0  # planner: per-hop latency of an NVLink collective step (alpha)
+    ib_latency_us: float = 10.0  # planner: per-hop latency of an inter-node collective step (alpha)
+    kernel_launch_us: float = 4.0  # planner: host time to launch one kernel (floor for small layers)
+    step_overhead_s: float = 0.03  # planner: per-step host work (logging, timers, data hand-off, syncs)
+    step_jitter: float = 0.01  # planner: relative spread of one GPU's step time (stragglers at scale)
     node_mtbf_hours: float = 50000.0  # mean time between failures of one node (Young/Daly, simulation)
     requeue_allowed: bool = True  # site permits `scontrol requeue` / --requeue
     run_root: str = "runs"  # where runs/<name>/ live (shared filesystem on a real cluster)

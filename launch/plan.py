@@ -22,9 +22,13 @@ from omegaconf import DictConfig  # noqa: E402
 
 from launch.compose import to_job  # noqa: E402
 from launch.config import Job  # noqa: E402
-from launch.planner import estimate  # noqa: E402
+from launch.planner import estimate, memory_warnings  # noqa: E402
 from launch.planner.estimate import Estimate  # noqa: E402
 from launch.planner.layouts import NoLayoutFits, choose_layout  # noqa: E402
+
+
+_VERDICT = {"fits": "fits", "inside the error band": "MAY NOT FIT (over, but inside the planner's error band)",
+            "does not fit": "DOES NOT FIT"}
 
 
 def format_estimate(job: Job, est: Estimate) -> str:
@@ -38,14 +42,19 @@ def format_estimate(job: Job, est: Estimate) -> str:
         f" + grads {mem['grads']:.1f} + optimizer {mem['optimizer']:.1f} + activations {mem['activations']:.1f}"
         f" ({mem['activations_per_microbatch']:.2f}/microbatch x {mem['inflight_microbatches']:g} in flight)"
         f" + embedding/logits {mem['embedding_logits']:.1f} + workspace {mem['workspace']:.1f}"
-        f" = {est.memory_gb_per_gpu:.1f} of {c.gpu_memory_gb:g}: {'fits' if est.fits else 'DOES NOT FIT'}",
+        f" = {est.memory_gb_per_gpu:.1f} of {c.gpu_memory_gb:g}: {_VERDICT[est.memory_verdict]}",
     ]
+    terms = mem.get("workspace_terms") or {}
+    if terms:
+        lines.append("workspace, GiB: " + ", ".join(f"{k} {v:.2f}" for k, v in terms.items()))
     st = est.breakdown.get("step_time")
     if st:
         lines.append(
             f"step time {est.step_time_s:.3f} s ({st['microbatches']} microbatches): compute {st['compute_s']:.3f}"
             f" + tp {st['tp_comm_s']:.3f} + bubble {st['pp_bubble_s']:.3f} + pp sends {st['pp_p2p_s']:.3f}"
-            f" + cp {st['cp_comm_s']:.3f} + ep {st['ep_comm_s']:.3f} + dp exposed {st['dp_comm_s']:.3f}")
+            f" + cp {st['cp_comm_s']:.3f} + ep {st['ep_comm_s']:.3f} + dp exposed {st['dp_comm_s']:.3f}"
+            f" + stragglers {st['straggler_s']:.3f} + optimizer {st['optimizer_s']:.3f}"
+            f" + host overhead {st['overhead_s']:.3f}")
         lines.append(f"throughput {est.tflops_per_gpu:.0f} TFLOP/s per GPU, MFU {100 * est.mfu:.1f}%"
                      f" (HFU {100 * est.hfu:.1f}%)")
     if est.gpu_hours_total is not None:
@@ -63,8 +72,9 @@ def format_estimate(job: Job, est: Estimate) -> str:
 def plan(job: Job) -> tuple[str, int]:
     """(text to print, exit status) for ``job``.
 
-    Status 0: the job fits and the job check has nothing against it; 1: an estimate was made
-    but the check refuses the job (memory, budget, lead time, mesh ...) or no layout fits; 2:
+    Status 0: the job check has nothing against it (a layout over the GPU's memory but inside the
+    planner's error band is a warning, not a refusal); 1: an estimate was made but the check
+    refuses the job (memory, budget, lead time, mesh ...) or no layout fits; 2:
     the job is too broken to estimate (the problems are printed instead).
     """
     from launch.check import check  # lazily: the check imports the planner too
@@ -88,10 +98,12 @@ def plan(job: Job) -> tuple[str, int]:
         if as_json:
             return json.dumps({"fits": False, "error": f"cannot estimate: {exc}", "problems": lines}), 2
         return "\n".join([f"cannot estimate ({exc}); the job check says:"] + lines), 2
-    status = 0 if (est.fits and not problems) else 1
+    status = 0 if (est.memory_verdict != "does not fit" and not problems) else 1
+    warnings = memory_warnings(job)
     if as_json:
         out = est.to_dict()
         out["problems"] = [str(p) for p in problems]
+        out["warnings"] = warnings
         if table:
             out["ranked_table"] = table
         return json.dumps(out, sort_keys=True, default=float), status
@@ -103,6 +115,7 @@ def plan(job: Job) -> tuple[str, int]:
         text.extend(f"  {line}" for line in format_estimate(job, est).splitlines())
     else:
         text.append(format_estimate(job, est))
+        text.extend(f"warning: {w.removeprefix('WARNING: ')}" for w in warnings)
     return "\n".join(text), status
 
 

@@ -177,3 +177,25 @@ def test_refused_job_reaches_no_submitter_and_writes_nothing(tmp_path):
     assert not (tmp_path / "run").exists()
     assert "model.num_attention_heads" in err.getvalue() and "training.global_batch_size" in err.getvalue()
     assert "nothing was submitted" in err.getvalue()
+
+
+def test_settings_the_recipe_does_not_run_yet_are_refused_with_a_reason():
+    """The planner models ZeRO-3/FSDP and the overlapped gradient reduce; the worker builds Megatron
+    DDP + the distributed optimizer without overlap, so a job asking for them is refused, not run without."""
+    job = compose_job(["model=70b", "cluster=lustre", "parallelism.sharding=full", "parallelism.overlap_grad_reduce=true"])
+    problems = {p.field: p for p in check(job, path_exists=lambda _: True)}
+    assert "ZeRO-3/FSDP" in problems["parallelism.sharding"].message
+    assert "train_loop.py" in problems["parallelism.sharding"].arithmetic
+    assert "overlap_grad_reduce=False" in problems["parallelism.overlap_grad_reduce"].arithmetic
+
+
+def test_a_typed_choice_refuses_an_unknown_kernel_at_compose_time():
+    with pytest.raises(Exception) as exc:
+        compose_job(["model=tiny", "model.attention_backend=flash"])
+    assert "expected one of [fused, unfused]" in str(exc.value.__cause__ or exc.value)
+
+
+def test_memory_inside_the_error_band_is_a_warning_not_a_refusal():
+    job = compose_job(["model=70b", "cluster=lustre", "cluster.gpu_memory_gb=30"])
+    assert not [p for p in check(job, path_exists=lambda _: True) if p.field == "parallelism"]
+    assert any(n.startswith("WARNING: estimated memory per GPU") for n in notes(job))

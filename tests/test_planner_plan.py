@@ -51,12 +51,24 @@ def test_auto_prints_the_ranked_layouts_then_the_chosen_estimate():
 
 
 def test_a_layout_that_does_not_fit_is_reported_as_a_problem():
-    status, text = _run("model=405b", "cluster=lustre", "cluster.nodes=2048", "parallelism.vpp=2", "parallelism.cp=1")
+    status, text = _run("model=405b", "cluster=lustre", "cluster.nodes=2048", "parallelism.pp=4", "parallelism.vpp=null",
+                        "parallelism.cp=1", "parallelism.recompute=none", "parallelism.sequence_parallel=false",
+                        "parallelism.account_for_embedding_in_pipeline_split=false",
+                        "parallelism.account_for_loss_in_pipeline_split=false")
     assert status == 1
     assert "DOES NOT FIT" in text and "problem: parallelism" in text
     # the refusal leads; the numbers follow, labelled as no plan
     assert text.splitlines()[0].startswith("refused: pretrain.py would refuse this job")
     assert text.index("problem: parallelism") < text.index("for reference only, not a plan") < text.index("MFU")
+
+
+def test_a_layout_inside_the_error_band_warns_and_is_not_refused():
+    status, text = _run("model=70b", "cluster=lustre", "cluster.gpu_memory_gb=30")
+    assert status == 0, text
+    assert "MAY NOT FIT" in text and "warning: estimated memory per GPU" in text and "preflight" in text
+    status, text = _run("model=70b", "cluster=lustre", "cluster.gpu_memory_gb=30", "plan.format=json")
+    out = json.loads(text)
+    assert out["memory_verdict"] == "inside the error band" and out["warnings"] and out["problems"] == []
 
 
 def test_a_broken_job_prints_the_check_instead_of_crashing():

@@ -86,6 +86,7 @@ def test_every_model_field_reaches_megatron_or_the_gpt_model():
         "num_layers": 6, "hidden_size": 128, "ffn_hidden_size": 512, "num_attention_heads": 8,
         "num_query_groups": 4, "kv_channels": 32, "swiglu": False, "normalization": "LayerNorm",
         "add_bias_linear": True, "num_experts": 4, "moe_router_topk": 4, "moe_ffn_hidden_size": 128,
+        "attention_backend": "unfused",
     }
     fields = {f.name for f in dataclasses.fields(job.model)}
     assert fields == set(changed) | gpt_model_args, "a new ModelConfig field needs a line in the translator and here"

@@ -26,6 +26,7 @@ from typing import List, Optional
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state
+from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from launch import vocab
@@ -85,6 +86,8 @@ def to_transformer_config(
         add_bias_linear=model.add_bias_linear,
         hidden_dropout=0.0,
         attention_dropout=0.0,
+        # fused (flash/cuDNN, TE's choice) unless the job asks for the s x s scores in memory
+        attention_backend=AttnBackend.unfused if model.attention_backend == "unfused" else AttnBackend.auto,
         init_method_std=0.02,
         # MoE
         num_moe_experts=model.num_experts if moe else None,

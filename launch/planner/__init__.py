@@ -3,7 +3,8 @@
 Public interface (what the job check, ``launch/plan.py`` and ``launch/pretrain.py`` call):
 
 * :func:`memory_problems` (job) -> [Problem]: refuse a layout whose worst pipeline stage exceeds
-  ``cluster.gpu_memory_gb``, with the breakdown.
+  ``cluster.gpu_memory_gb`` by more than the planner's stated error (``launch/planner/accuracy.py``),
+  with the breakdown; :func:`memory_warnings` (job) -> [str] inside the error band.
 * :func:`estimate` (job) -> :class:`Estimate`: memory, step time, TFLOP/s, MFU, GPU-hours, wall time.
 * :func:`choose_layout` (job) -> (job, table): ``parallelism=auto``.
 * :func:`budget_problems`, :func:`lead_time_problems` (job) -> [Problem].
@@ -16,7 +17,7 @@ Pure functions over :class:`launch.config.Job`; no torch, no megatron, well unde
 from launch.planner.cost import budget_problems, lead_time_problems
 from launch.planner.estimate import Estimate, estimate, layout_name
 from launch.planner.layouts import NoLayoutFits, choose_layout, rank_layouts
-from launch.planner.memory import memory_problems
+from launch.planner.memory import memory_problems, memory_warnings
 
 __all__ = ["Estimate", "NoLayoutFits", "budget_problems", "choose_layout", "estimate", "layout_name",
-           "lead_time_problems", "memory_problems", "rank_layouts"]
+           "lead_time_problems", "memory_problems", "memory_warnings", "rank_layouts"]

@@ -16,6 +16,7 @@ from typing import Any, Optional
 
 from analysis.flops import UnknownDevice, peak_flops
 from launch.config import Job, ParallelismConfig
+from launch.planner.accuracy import MEMORY_OVER
 from launch.planner.memory import stage_memory
 from launch.planner.shapes import Shape, shape_of
 from launch.planner.steptime import precision_dtype, step_time
@@ -28,7 +29,8 @@ class Estimate:
     layout: str
     world_size: int
     memory_gb_per_gpu: float  # worst stage, GiB
-    fits: bool
+    fits: bool  # the estimate is within cluster.gpu_memory_gb
+    memory_verdict: str  # fits | inside the error band | does not fit (beyond launch.planner.accuracy's bound)
     step_time_s: Optional[float]
     tflops_per_gpu: Optional[float]  # model FLOPs (no recompute) per second per GPU
     mfu: Optional[float]  # fraction of the dense peak
@@ -113,13 +115,19 @@ def resolve_checkpoint_interval(job: Job, step_s: Optional[float], save_s: float
 
 
 def estimate(job: Job, *, shape: Shape | None = None, flops: dict | None = None,
-             attention: str = "fused") -> Estimate:
+             attention: str | None = None) -> Estimate:
     """Memory, step time, MFU and run cost of ``job`` as composed (see the package docstring)."""
     par, c = job.parallelism, job.cluster
     shape = shape or shape_of(job.model, par.tp)
     stages = stage_memory(job, shape, attention)
     worst = max(stages, key=lambda s: s.total)
     fits = c.gpu == "cpu" or worst.total <= c.gpu_memory_gb
+    if fits:
+        verdict = "fits"
+    elif worst.total <= c.gpu_memory_gb * (1 + MEMORY_OVER):
+        verdict = "inside the error band"
+    else:
+        verdict = "does not fit"
     save_s = save_time_s(job, shape)
     iters = train_iterations(job)
     breakdown: dict[str, Any] = {"memory": worst.to_dict(), "stages": [s.to_dict() for s in stages]}
@@ -152,6 +160,7 @@ def estimate(job: Job, *, shape: Shape | None = None, flops: dict | None = None,
                              "saving_h": saves * save_s / 3600}
     return Estimate(
         layout=layout_name(par), world_size=job.world_size, memory_gb_per_gpu=worst.total, fits=fits,
+        memory_verdict=verdict,
         step_time_s=step, tflops_per_gpu=tflops, mfu=mfu, hfu=hfu, train_iters=iters,
         gpu_hours_total=gpu_hours, wall_time_h_total=wall_h, checkpoint_gb=checkpoint_bytes(job, shape) / 1e9,
         save_time_s=save_s, checkpoint_interval=interval, breakdown=breakdown, note=note,

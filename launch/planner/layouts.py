@@ -124,7 +124,7 @@ def _mesh_rules() -> Callable[[Job], list[Problem]]:
     return layout_problems
 
 
-def rank_layouts(job: Job, *, attention: str = "fused") -> tuple[list[Row], Counter]:
+def rank_layouts(job: Job, *, attention: str | None = None) -> tuple[list[Row], Counter]:
     """Estimate every valid layout; returns (rows sorted best first, counts of invalid reasons).
 
     Rows that fit come first, by estimated MFU (ties: less memory); rows that do not fit follow,
@@ -240,7 +240,7 @@ class NoLayoutFits(ValueError):
     """No valid layout fits in memory; the message carries the table."""
 
 
-def choose_layout(job: Job, *, attention: str = "fused") -> tuple[Job, str]:
+def choose_layout(job: Job, *, attention: str | None = None) -> tuple[Job, str]:
     """The best layout by estimated MFU among those that fit, and the printable ranked table.
 
     The returned job's ``parallelism.name`` is ``auto:<layout>`` (e.g. ``auto:tp8-pp8-vpp2-sp-sel``)

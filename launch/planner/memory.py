@@ -33,21 +33,41 @@ Accounting (bytes; GiB = 2**30 in every report, and ``cluster.gpu_memory_gb`` is
 * **Embedding / logits**: stage 0 keeps the token ids (8 B) and the embedding dropout mask (1 B
   per element) of each in-flight microbatch; the last stage keeps the fp32 logits and their
   input, ``4sb(h + V)/tp``, for the one microbatch it back-propagates at a time.
-* **Workspace**: a fixed :data:`WORKSPACE_GIB` for the CUDA context, cuBLAS workspace, NCCL
-  communicators and allocator fragmentation, which no formula predicts.
+* **Sharding** (``parallelism.sharding``): ``optimizer`` is the above; ``full`` (ZeRO-3 / FSDP)
+  shards the weights and gradients over the same group too, and adds what FSDP holds unsharded
+  while it works: the gathered bf16 weights of :data:`FSDP_GATHERED_LAYERS` layers (the one
+  computing and the one prefetched) and the fp32 gradients of one layer before its
+  reduce-scatter.
+* **Workspace**, term by term instead of one constant (all on GPUs only; a CPU run has none):
+  - ``context``: the CUDA context and the kernel images of torch, cuBLAS/cuDNN, TransformerEngine
+    and NCCL, :data:`CUDA_CONTEXT_GIB` (what ``nvidia-smi`` shows beyond
+    ``torch.cuda.memory_reserved`` in an idle process: 0.5-1 GiB on A100/H100 with lazy loading);
+  - ``nccl``: :data:`NCCL_COMM_GIB` per communicator the rank belongs to (tp, cp, dp, pp, ep, the
+    embedding group): NCCL_BUFFSIZE 4 MiB x 2 directions x up to 16 channels, plus proxy buffers;
+  - ``transient``: the backward of one layer allocates its activation gradients beside the stored
+    activations, about one layer's working set (the scores included when attention is unfused;
+    with full recompute the recomputed layer's own working set is counted in ``activations``);
+  - ``fragmentation``: the caching allocator's slack, :data:`ALLOCATOR_SLACK` of everything
+    allocated and freed per step (activations, the transient set and the logits).
+  This is what made a fixed 3 GiB wrong both ways: +30% and more for small models, too little for
+  long sequences.
 
-Login-node code: no torch, no megatron.
+Login-node codeLogin-node code: no torch, no megatron.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
 from launch.config import Job
+from launch.planner.accuracy import MEMORY_OVER, MEMORY_UNDER
 from launch.planner.shapes import Shape, chunks, shape_of, stage_layers
 from launch.problems import Problem
 
 GIB = 2**30
-WORKSPACE_GIB = 3.0  # CUDA context (~0.5), cuBLAS/NCCL buffers and fragmentation; no formula predicts it
+CUDA_CONTEXT_GIB = 0.75  # CUDA context + kernel images (torch, cuBLAS/cuDNN, TransformerEngine, NCCL)
+NCCL_COMM_GIB = 0.125  # per NCCL communicator: 4 MiB buffers x 2 directions x 16 channels
+ALLOCATOR_SLACK = 0.08  # caching-allocator fragmentation, as a fraction of the per-step dynamic memory
+FSDP_GATHERED_LAYERS = 2  # full sharding: layers whose weights are gathered at once (current + prefetch)
 
 
 @dataclass(frozen=True)
@@ -63,7 +83,8 @@ class StageMemory:
     activations_per_microbatch: float
     inflight_microbatches: float  # microbatches whose activations are held at the peak
     embedding_logits: float
-    workspace: float
+    workspace: float  # context + nccl + transient + fragmentation
+    workspace_terms: tuple = ()  # ((name, GiB), ...) what the workspace is made of
 
     @property
     def total(self) -> float:
@@ -72,6 +93,7 @@ class StageMemory:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        d["workspace_terms"] = dict(self.workspace_terms)
         d["total"] = self.total
         return d
 
@@ -83,7 +105,12 @@ def bytes_per_param(precision: str) -> tuple[float, float, float]:
     return 2.0, 4.0, 12.0
 
 
-def layer_activation_bytes(shape: Shape, job: Job, attention: str = "fused", stored: bool = True) -> float:
+def attention_of(job: Job, attention: str | None = None) -> str:
+    """The attention kernels to model: ``attention`` when given, else ``model.attention_backend``."""
+    return str(getattr(attention or job.model.attention_backend, "value", attention or job.model.attention_backend))
+
+
+def layer_activation_bytes(shape: Shape, job: Job, attention: str | None = None, stored: bool = True) -> float:
     """Bytes one transformer layer keeps for one microbatch (Korthikanti's Table 2, generalised).
 
     ``attention="fused"`` (TransformerEngine's flash/fused attention, Megatron-Core's default on
@@ -93,6 +120,7 @@ def layer_activation_bytes(shape: Shape, job: Job, attention: str = "fused", sto
     layer's memory-bound kernels touch instead, scores included when unfused even if recomputed.
     """
     p = job.parallelism
+    attention = attention_of(job, attention)
     tp, cp = max(1, p.tp), max(1, p.cp)
     tokens = job.training.micro_batch_size * shape.seq / cp
     if shape.num_experts:
@@ -144,18 +172,36 @@ def distinct_stages(pp: int, embedding_is_a_layer: bool = True) -> list[int]:
     return sorted({0, min(1 if embedding_is_a_layer else 0, pp - 1), pp - 1})
 
 
-def stage_memory(job: Job, shape: Shape | None = None, attention: str = "fused",
+def communicators(job: Job) -> int:
+    """NCCL communicators one rank holds: one per parallel group with more than one member."""
+    p = job.parallelism
+    groups = [p.tp, p.cp, max(1, job.dp) * max(1, p.cp), p.ep]
+    n = sum(1 for g in groups if g and g > 1)
+    if p.pp > 1:
+        n += 2  # the pipeline group and the embedding/position group of the first and last stage
+    return n
+
+
+def stage_memory(job: Job, shape: Shape | None = None, attention: str | None = None,
                  stages: list[int] | None = None) -> list[StageMemory]:
     """Memory of each pipeline stage in ``stages`` (all by default; see the module docstring)."""
     p = job.parallelism
+    attention = attention_of(job, attention)
+    on_gpu = job.cluster.gpu != "cpu"
+    fsdp = p.sharding == "full"
     shape = shape or shape_of(job.model, p.tp)
     tp, pp, cp, ep = p.tp or 1, p.pp or 1, p.cp or 1, p.ep or 1
     dp = job.world_size // (tp * pp * cp) or 1
     w_b, g_b, o_b = bytes_per_param(job.training.precision)
-    shard = dp * cp if p.distributed_optimizer else 1
-    expert_shard = max(1.0, dp * cp / ep) if p.distributed_optimizer else 1.0
+    shard = dp * cp if (p.distributed_optimizer or fsdp) else 1
+    expert_shard = max(1.0, dp * cp / ep) if (p.distributed_optimizer or fsdp) else 1.0
+    state_shard, expert_state_shard = (shard, expert_shard) if fsdp else (1, 1.0)
+    layer_unsharded = (shape.attn_params + shape.dense_mlp_params + shape.norm_params) / tp \
+        + (shape.num_experts / ep) * shape.expert_params / tp
+    comm_gib = communicators(job) * NCCL_COMM_GIB
     m = max(1, job.training.global_batch_size // (job.training.micro_batch_size * dp))
     per_layer_act = layer_activation_bytes(shape, job, attention)
+    working_set = layer_activation_bytes(shape, job, attention, stored=False)  # one layer computing
     full = p.recompute == "full"
     stored_per_layer = layer_checkpoint_bytes(shape, job) if full else per_layer_act
     tokens = job.training.micro_batch_size * shape.seq / cp
@@ -173,29 +219,36 @@ def stage_memory(job: Job, shape: Shape | None = None, attention: str = "fused",
                 dense += shape.output_params / tp
             elif pp > 1:  # tied: the last stage keeps a copy of the word embedding for the logits
                 dense += shape.embedding_params / tp
-        params = dense + experts
         inflight_mb, layer_sets = inflight_layer_sets(k, layers, job, m)
-        acts = layer_sets * stored_per_layer + (per_layer_act if full else 0.0)
+        acts = layer_sets * stored_per_layer + (working_set if full else 0.0)  # + the layer recomputed
         emb_logits = 0.0
         if k == 0:
             emb_logits += inflight_mb * tokens * (8 + shape.h) / (tp if p.sequence_parallel else 1)
         if k == pp - 1:
             emb_logits += 4 * tokens * (shape.h + shape.vocab) / tp
+        terms: tuple = ()
+        if on_gpu:
+            transient = working_set
+            terms = (("context", CUDA_CONTEXT_GIB), ("nccl", comm_gib), ("transient", transient / GIB),
+                     ("fragmentation", ALLOCATOR_SLACK * (acts + transient + emb_logits) / GIB))
         out.append(StageMemory(
             stage=k, layers=layers,
-            weights=params * w_b / GIB,
-            grads=params * g_b / GIB,
+            weights=(dense * w_b / state_shard + experts * w_b / expert_state_shard
+                     + (FSDP_GATHERED_LAYERS * w_b * layer_unsharded if fsdp else 0.0)) / GIB,
+            grads=(dense * g_b / state_shard + experts * g_b / expert_state_shard
+                   + (g_b * layer_unsharded if fsdp else 0.0)) / GIB,
             optimizer=(dense * o_b / shard + experts * o_b / expert_shard) / GIB,
             activations=acts / GIB,
             activations_per_microbatch=(layers * stored_per_layer) / GIB,
             inflight_microbatches=inflight_mb,
             embedding_logits=emb_logits / GIB,
-            workspace=0.0 if job.cluster.gpu == "cpu" else WORKSPACE_GIB,  # no CUDA context on CPU
+            workspace=sum(v for _, v in terms),
+            workspace_terms=terms,
         ))
     return out
 
 
-def worst_stage(job: Job, shape: Shape | None = None, attention: str = "fused") -> StageMemory:
+def worst_stage(job: Job, shape: Shape | None = None, attention: str | None = None) -> StageMemory:
     """The stage with the largest total: the one that decides whether the layout fits."""
     p = job.parallelism
     stages = distinct_stages(max(1, p.pp), p.account_for_embedding_in_pipeline_split)
@@ -208,17 +261,24 @@ def format_breakdown(s: StageMemory) -> str:
         f"stage {s.stage} ({s.layers:g} layers): weights {s.weights:.1f} + grads {s.grads:.1f} + optimizer "
         f"{s.optimizer:.1f} + activations {s.activations:.1f} ({s.activations_per_microbatch:.2f}/microbatch x "
         f"{s.inflight_microbatches:g} in flight) + embedding/logits {s.embedding_logits:.1f} + workspace "
-        f"{s.workspace:.1f} = {s.total:.1f} GiB"
+        f"{s.workspace:.1f}{_terms(s)} = {s.total:.1f} GiB"
     )
 
 
+def _terms(s: StageMemory) -> str:
+    return (" (" + ", ".join(f"{n} {v:.1f}" for n, v in s.workspace_terms) + ")") if s.workspace_terms else ""
+
+
 def memory_problems(job: Job) -> list[Problem]:
-    """Refuse a layout whose worst stage exceeds ``cluster.gpu_memory_gb``; [] on CPU clusters."""
+    """Refuse a layout whose worst stage exceeds ``cluster.gpu_memory_gb`` by more than the planner's
+    demonstrated overestimate (:data:`launch.planner.accuracy.MEMORY_OVER`); [] on CPU clusters.
+    Inside the error band :func:`memory_warnings` speaks instead."""
     c, p = job.cluster, job.parallelism
     if c.gpu == "cpu" or job.dp < 1:
         return []
     worst = worst_stage(job)
-    if worst.total <= c.gpu_memory_gb:
+    bound = c.gpu_memory_gb * (1 + MEMORY_OVER)
+    if worst.total <= bound:
         return []
     fixes = []
     if p.recompute != "full":
@@ -232,10 +292,29 @@ def memory_problems(job: Job) -> list[Problem]:
     fixes.append(f"parallelism.pp={p.pp * 2}")
     fixes.append("parallelism=auto (let the planner pick a layout that fits)")
     return [Problem(
-        "parallelism", f"estimated memory per GPU exceeds cluster.gpu_memory_gb {c.gpu_memory_gb:g}",
-        format_breakdown(worst) + f" > {c.gpu_memory_gb:g}",
+        "parallelism", f"estimated memory per GPU exceeds cluster.gpu_memory_gb {c.gpu_memory_gb:g} by more "
+                       f"than the planner's error (+{100 * MEMORY_OVER:.0f}%)",
+        format_breakdown(worst) + f" > {c.gpu_memory_gb:g} x {1 + MEMORY_OVER:g} = {bound:.1f}",
         "try " + ", or ".join(fixes),
     )]
+
+
+def memory_warnings(job: Job) -> list[str]:
+    """Warnings for a layout inside the planner's error band: it may or may not fit."""
+    c = job.cluster
+    if c.gpu == "cpu" or job.dp < 1:
+        return []
+    worst = worst_stage(job)
+    low, high = c.gpu_memory_gb * (1 - MEMORY_UNDER), c.gpu_memory_gb * (1 + MEMORY_OVER)
+    if not low < worst.total <= high:
+        return []
+    side = "above" if worst.total > c.gpu_memory_gb else "below"
+    return [f"WARNING: estimated memory per GPU {worst.total:.1f} GiB is {side} cluster.gpu_memory_gb "
+            f"{c.gpu_memory_gb:g} but inside the planner's error band ({low:.1f}..{high:.1f} GiB: -"
+            f"{100 * MEMORY_UNDER:.0f}%/+{100 * MEMORY_OVER:.0f}% in its validation), so it may or may not fit "
+            f"(stage {worst.stage}: {format_breakdown(worst)}). Run launch/preflight.py on this layout first and "
+            "watch the peak memory of the worst stage's ranks (torch.cuda.max_memory_reserved, or nvidia-smi) and "
+            "any CUDA out-of-memory in the rank logs; parallelism=auto lists layouts with more headroom"]
 
 
 def _moe_ffn(job: Job) -> int:
@@ -243,5 +322,5 @@ def _moe_ffn(job: Job) -> int:
 
 
 
-__all__ = ["GIB", "WORKSPACE_GIB", "StageMemory", "stage_memory", "worst_stage", "memory_problems",
-           "format_breakdown", "num_microbatches", "layer_activation_bytes", "bytes_per_param"]
+__all__ = ["GIB", "CUDA_CONTEXT_GIB", "NCCL_COMM_GIB", "ALLOCATOR_SLACK", "attention_of", "communicators", "StageMemory", "stage_memory", "worst_stage", "memory_problems",
+           "format_breakdown", "num_microbatches", "memory_warnings", "layer_activation_bytes", "bytes_per_param"]

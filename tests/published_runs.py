@@ -1,0 +1,281 @@
+"""Published training runs the planner is validated against (test data, one citation per row).
+
+Every row is a layout that was trained and measured by someone else: the model, the layout, the
+batch, the hardware, and what they published (step time, TFLOP/s per GPU, or memory per GPU).
+The planner estimates each row with *one* set of constants (the schema defaults plus the
+hardware profile of the site: GPU, NVLink and network bandwidth as the paper states them);
+nothing here is fitted per row. ``tests/test_planner_published.py`` checks the error bounds and
+``benchmarks/bench_planner.py`` prints the per-source table for ``benchmarks/RESULTS.md``.
+
+What a metric means:
+
+* ``step_s``: published seconds per optimizer step; compared with the estimated step time.
+* ``tflops``: published TFLOP/s per GPU. ``flops`` says whose FLOP count the authors divided by
+  their step time: ``"paper"`` = Narayanan et al.'s ``96 B s l h^2 (1 + s/6h + V/16lh)`` (full
+  recompute counted, as Megatron-LM and Megatron-DeepSpeed logged it in 2021-22), ``"model"`` =
+  the model FLOPs of ``analysis.flops`` (no recompute). The estimate divides the same count by
+  the estimated step time, so only the denominator is ours.
+* ``memory_gib``: published measured memory per GPU (worst GPU), GiB.
+
+Layout choices that a source does not state are listed in the row's ``assumed`` text.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launch.config import ClusterConfig, DataConfig, Job, ModelConfig, ParallelismConfig, TrainingConfig
+from launch.planner.memory import worst_stage
+from launch.planner.shapes import shape_of
+from launch.planner.steptime import step_time
+
+
+@dataclass(frozen=True)
+class Published:
+    source: str  # short source key (one line of the per-source table)
+    cite: str  # paper + table/section
+    label: str
+    params_b: float  # model size, billions (rows >= 1B carry the accuracy targets)
+    job: Job
+    metric: str  # step_s | tflops | memory_gib
+    value: float
+    flops: str = "model"  # for tflops rows: "paper" or "model" (see the module docstring)
+    assumed: str = ""
+
+    def estimate(self) -> float:
+        """The planner's value of this row's metric (same units as ``value``)."""
+        if self.metric == "memory_gib":
+            return worst_stage(self.job).total
+        st = step_time(self.job)
+        if self.metric == "step_s":
+            return st.step_time_s
+        flops = paper_flops(self.job) if self.flops == "paper" else st.model_flops
+        return flops / st.step_time_s / self.job.world_size / 1e12
+
+    def error(self) -> float:
+        """Signed relative error of the estimate; for TFLOP/s rows expressed on step time (estimated
+        step / published step - 1 = published TFLOP/s / estimated - 1), so every speed error has one sign:
+        positive = the planner is too slow."""
+        est = self.estimate()
+        if self.metric == "tflops":
+            return self.value / est - 1
+        return est / self.value - 1
+
+
+def paper_flops(job: Job) -> float:
+    """Narayanan et al. 2021's FLOPs per step with full recompute: ``96 B s l h^2 (1 + s/6h + V/16lh)``."""
+    m = job.model
+    b, s, layers, h = job.training.global_batch_size, m.seq_length, m.num_layers, m.hidden_size
+    v = shape_of(m, job.parallelism.tp).vocab
+    return 96 * b * s * layers * h**2 * (1 + s / (6 * h) + v / (16 * layers * h))
+
+
+# --- hardware profiles, as the papers describe the machines -------------------------------------------------
+
+def selene(nodes: int) -> ClusterConfig:
+    """DGX A100 80GB (Selene): NVLink 3 (300 GB/s per direction per GPU), 8 x HDR 200 Gb/s per node
+    = 25 GB/s per GPU. Narayanan et al. 2021 section 5; Korthikanti et al. 2022 section 6; Smith et al.
+    2022 section 2.3."""
+    return ClusterConfig(name="selene", nodes=nodes, gpus_per_node=8, gpu="a100", gpu_memory_gb=80,
+                         nvlink_bandwidth_gbs=300, ib_bandwidth_gbs=25)
+
+
+def jean_zay(nodes: int) -> ClusterConfig:
+    """Jean Zay A100 80GB partition (BLOOM): 8 A100 per node on NVLink, 4 x Omni-Path 100 Gb/s per node
+    = 6.25 GB/s per GPU (BigScience, BLOOM paper section 3.4.1)."""
+    return ClusterConfig(name="jean-zay", nodes=nodes, gpus_per_node=8, gpu="a100", gpu_memory_gb=80,
+                         nvlink_bandwidth_gbs=300, ib_bandwidth_gbs=6.25)
+
+
+def grand_teton(nodes: int) -> ClusterConfig:
+    """Meta's H100 SXM 80GB (700 W) RoCE cluster: NVLink 4 (450 GB/s per direction), 400 Gb/s per GPU
+    = 50 GB/s (Dubey et al. 2024, section 3.3.1)."""
+    return ClusterConfig(name="grand-teton", nodes=nodes, gpus_per_node=8, gpu="h100_sxm", gpu_memory_gb=80,
+                         nvlink_bandwidth_gbs=450, ib_bandwidth_gbs=50)
+
+
+def grand_teton_500w(nodes: int) -> ClusterConfig:
+    """torchtitan's benchmark hosts: H100 with 96 GB HBM2e at 500 W, 400 Gb/s per GPU (docs/performance.md)."""
+    return ClusterConfig(name="grand-teton-96g", nodes=nodes, gpus_per_node=8, gpu="h100_sxm", gpu_memory_gb=96,
+                         nvlink_bandwidth_gbs=450, ib_bandwidth_gbs=50)
+
+
+# --- model shapes -------------------------------------------------------------------------------------------
+
+def gpt2021(layers: int, hidden: int, heads: int, vocab: int = 51200, seq: int = 2048) -> ModelConfig:
+    """GPT-3-style model of the 2021-22 Megatron papers: GeLU MLP (f = 4h), LayerNorm, learned absolute
+    positions, tied embeddings, biases."""
+    return ModelConfig(name=f"gpt-{layers}x{hidden}", num_layers=layers, hidden_size=hidden,
+                       ffn_hidden_size=4 * hidden, num_attention_heads=heads, seq_length=seq, vocab_size=vocab,
+                       swiglu=False, position_embedding_type="learned_absolute", normalization="LayerNorm",
+                       untie_embeddings_and_output_weights=False, add_bias_linear=True, attention_backend="unfused")
+
+
+def llama3(size: str, seq: int = 8192) -> ModelConfig:
+    """Llama 3 / 3.1 (Dubey et al. 2024, Table 3): SwiGLU, RMSNorm, RoPE, GQA 8, untied, vocab 128,256."""
+    h, layers, f, heads = {"8b": (4096, 32, 14336, 32), "70b": (8192, 80, 28672, 64),
+                           "405b": (16384, 126, 53248, 128)}[size]
+    return ModelConfig(name=f"llama3-{size}", num_layers=layers, hidden_size=h, ffn_hidden_size=f,
+                       num_attention_heads=heads, num_query_groups=8, seq_length=seq, vocab_size=128256)
+
+
+def _job(model: ModelConfig, cluster: ClusterConfig, gbs: int, mbs: int = 1, precision: str = "bf16",
+         **par) -> Job:
+    return Job(model=model, cluster=cluster, parallelism=ParallelismConfig(**par),
+               training=TrainingConfig(global_batch_size=gbs, micro_batch_size=mbs, precision=precision),
+               data=DataConfig())
+
+
+# --- 1. Narayanan et al. 2021 (arXiv:2104.04473), Table 1 ---------------------------------------------------
+# 2021 Megatron: fp16, full recompute, micro-batch 1, plain 1F1B, no distributed optimizer, unfused attention.
+NARAYANAN_TABLE_1 = [  # size B, heads, hidden, layers, tp, pp, GPUs, batch, TFLOP/s per GPU
+    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137),
+    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
+    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142),
+    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
+    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138),
+    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
+    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148),
+    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
+    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163),
+    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
+]
+
+
+def narayanan() -> list[Published]:
+    out = []
+    for size, heads, hidden, layers, tp, pp, gpus, batch, tflops in NARAYANAN_TABLE_1:
+        job = _job(gpt2021(layers, hidden, heads), selene(gpus // 8), batch, precision="fp16", tp=tp, pp=pp,
+                   recompute="full", distributed_optimizer=False)
+        out.append(Published("Narayanan 2021", "Narayanan et al. 2021, arXiv:2104.04473, Table 1",
+                             f"{size:g}B tp{tp} pp{pp} {gpus} GPUs", size, job, "tflops", tflops, flops="paper"))
+    return out
+
+
+# --- 2. Korthikanti et al. 2022 (arXiv:2205.05198), Tables 3 and 5 ------------------------------------------
+# Sequence parallelism + selective recompute ("present work" row of Table 5: iteration time in seconds).
+# Layouts from Table 3: 22B tp8 (8 GPUs, batch 4), 175B tp8 pp8 (64, 64), 530B tp8 pp35 (280, 280),
+# 1T tp8 pp64 (512, 512); sequence 2048, vocabulary 51,200, fp16 on Selene.
+KORTHIKANTI = [  # size B, heads, hidden, layers, tp, pp, GPUs, batch, micro-batch, seconds per iteration
+    (22, 64, 6144, 48, 8, 1, 8, 4, 4, 1.10),
+    (175, 96, 12288, 96, 8, 8, 64, 64, 1, 13.75),
+    (530, 128, 20480, 105, 8, 35, 280, 280, 1, 37.83),
+    (1000, 160, 25600, 128, 8, 64, 512, 512, 1, 71.49),
+]
+
+
+def korthikanti() -> list[Published]:
+    out = []
+    for size, heads, hidden, layers, tp, pp, gpus, batch, mbs, step in KORTHIKANTI:
+        job = _job(gpt2021(layers, hidden, heads), selene(gpus // 8), batch, mbs, precision="fp16", tp=tp, pp=pp,
+                   sequence_parallel=True, recompute="selective", distributed_optimizer=False)
+        out.append(Published("Korthikanti 2022", "Korthikanti et al. 2022, arXiv:2205.05198, Tables 3 and 5",
+                             f"{size:g}B tp{tp} pp{pp} sp sel {gpus} GPUs", size, job, "step_s", step))
+    return out
+
+
+# --- 3. Smith et al. 2022, MT-NLG 530B (arXiv:2201.11990), section 2.4 --------------------------------------
+# 105 layers, h 20480, 128 heads, sequence 2048, GPT-2 vocabulary; 8-way tensor x 35-way pipeline, global batch
+# 1920, on 280 / 350 / 420 DGX A100 nodes: 60.1 / 50.2 / 44.4 s per iteration (126 / 121 / 113 TFLOP/s per GPU).
+MT_NLG = [(280, 60.1), (350, 50.2), (420, 44.4)]
+
+
+def mt_nlg() -> list[Published]:
+    out = []
+    for nodes, step in MT_NLG:
+        job = _job(gpt2021(105, 20480, 128, vocab=50257), selene(nodes), 1920, precision="bf16", tp=8, pp=35,
+                   recompute="full", distributed_optimizer=True)
+        out.append(Published("Smith 2022 (MT-NLG)", "Smith et al. 2022, arXiv:2201.11990, section 2.4",
+                             f"530B tp8 pp35 {nodes * 8} GPUs", 530, job, "step_s", step,
+                             assumed="micro-batch 1, full recompute, ZeRO-1 (DeepSpeed) as the optimizer shard"))
+    return out
+
+
+# --- 4. Dubey et al. 2024, Llama 3 (arXiv:2407.21783), Table 4 ----------------------------------------------
+# 405B, 16M tokens per step; (GPUs, tp, cp, pp, dp, sequence, batch per dp) -> TFLOP/s per GPU (BF16 MFU 43/41/38%).
+LLAMA3_TABLE_4 = [
+    (8192, 8, 1, 16, 64, 8192, 32, 430),
+    (16384, 8, 1, 16, 128, 8192, 16, 400),
+    (16384, 8, 16, 16, 8, 131072, 16, 380),
+]
+
+
+def llama3_405b() -> list[Published]:
+    out = []
+    for gpus, tp, cp, pp, dp, seq, per_dp, tflops in LLAMA3_TABLE_4:
+        job = _job(llama3("405b", seq), grand_teton(gpus // 8), per_dp * dp, tp=tp, cp=cp, pp=pp, vpp=4,
+                   sequence_parallel=True, recompute="none", distributed_optimizer=True,
+                   account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
+        out.append(Published("Dubey 2024 (Llama 3)", "Dubey et al. 2024, arXiv:2407.21783, Table 4",
+                             f"405B tp{tp} cp{cp} pp{pp} dp{dp} seq {seq}", 405, job, "tflops", tflops,
+                             assumed="interleaved schedule with 4 chunks per stage, one layer fewer on the first "
+                                     "and last stage (section 3.3.2), no recompute, micro-batch 1"))
+    return out
+
+
+# --- 5. BLOOM 176B (BigScience 2022; Le Scao et al., arXiv:2211.05100) ---------------------------------------
+# 70 layers, h 14336, 112 heads, sequence 2048, vocabulary 250,680; 384 A100 80GB, tp4 pp12 dp8, micro-batch 2,
+# global batch 2048, bf16, ZeRO-1, full recompute; "training throughput: about 150 TFLOPs" and "one copy of the
+# model takes 48 GPUs (using 60 GB of memory on each GPU)" (BigScience 176B model page; paper section 3.4).
+def bloom() -> list[Published]:
+    model = ModelConfig(name="bloom-176b", num_layers=70, hidden_size=14336, ffn_hidden_size=4 * 14336,
+                        num_attention_heads=112, seq_length=2048, vocab_size=250680, swiglu=False,
+                        position_embedding_type="rope", normalization="LayerNorm",
+                        untie_embeddings_and_output_weights=False, add_bias_linear=True,
+                        attention_backend="unfused")
+    job = _job(model, jean_zay(48), 2048, 2, tp=4, pp=12, recompute="full", distributed_optimizer=True,
+               account_for_embedding_in_pipeline_split=True, account_for_loss_in_pipeline_split=True)
+    cite = "BigScience 2022, BLOOM 176B model page and arXiv:2211.05100 section 3.4"
+    assumed = "embedding and loss count as pipeline layers (DeepSpeed's partition, 70 + 2 = 72 = 12 x 6)"
+    return [Published("BigScience 2022 (BLOOM)", cite, "176B tp4 pp12 dp8 mbs2", 176, job, "tflops", 150,
+                      flops="paper", assumed=assumed),
+            Published("BigScience 2022 (BLOOM)", cite, "176B tp4 pp12 dp8 mbs2 memory", 176, job, "memory_gib",
+                      60 * 1e9 / 2**30, assumed=assumed + "; '60 GB' read as 10^9 bytes")]
+
+
+# --- 6. torchtitan (PyTorch), docs/performance.md, Tables 1 and 3: measured memory with FSDP ------------------
+# Llama 3.1 8B, sequence 8192, local batch 2, selective activation checkpointing, FSDP (parameters, gradients and
+# optimizer state sharded over all GPUs), no torch.compile, no Float8 (the plain "FSDP" rows).
+def torchtitan() -> list[Published]:
+    out = []
+    for table, gpus, mem in (("Table 1", 8, 82.4), ("Table 3", 128, 67.0)):
+        job = _job(llama3("8b"), grand_teton_500w(gpus // 8), 2 * gpus, 2, recompute="selective",
+                   distributed_optimizer=True, sharding="full")
+        out.append(Published("torchtitan (FSDP)", f"pytorch/torchtitan docs/performance.md, {table}",
+                             f"8B FSDP{gpus} mbs2 memory", 8, job, "memory_gib", mem,
+                             assumed="torchtitan's per-op selective checkpointing modelled as Megatron's selective"))
+    return out
+
+
+
+# --- 7. Megatron-LM pull request #482 (review of 2023-12-12): a measured peak beside an estimate ---------------
+# Llama 2 7B, bf16, micro-batch 2, global batch 2048, 2 nodes x 8 A100 SXM, dp 8, pp 2, tp 1: peak memory 69.1 on
+# rank 0 (the table's "Peak_Memory_Actual").
+def megatron_pr482() -> list[Published]:
+    model = ModelConfig(name="llama2-7b", num_layers=32, hidden_size=4096, ffn_hidden_size=11008,
+                        num_attention_heads=32, seq_length=4096, vocab_size=32000)
+    job = _job(model, selene(2), 2048, 2, tp=1, pp=2, distributed_optimizer=True)
+    return [Published("Megatron-LM PR 482", "NVIDIA/Megatron-LM pull request #482, review 2023-12-12, table",
+                      "7B tp1 pp2 dp8 mbs2 memory", 7, job, "memory_gib", 69.1,
+                      assumed="sequence 4096 (Llama 2), flash attention, distributed optimizer, no recompute, "
+                              "the 69.1 read as GiB (torch's allocator report)")]
+
+
+def all_rows() -> list[Published]:
+    return narayanan() + korthikanti() + mt_nlg() + llama3_405b() + bloom() + torchtitan() + megatron_pr482()
+
+
+def summary(rows: list[Published] | None = None, min_params_b: float = 1.0) -> dict[tuple[str, str], dict]:
+    """Per (source, "speed" | "memory"): rows, median and worst |error|, over models >= ``min_params_b``."""
+    out: dict[tuple[str, str], dict] = {}
+    for r in rows if rows is not None else all_rows():
+        if r.params_b < min_params_b:
+            continue
+        kind = "memory" if r.metric == "memory_gib" else "speed"
+        out.setdefault((r.source, kind), {"errors": [], "cite": r.cite})["errors"].append(r.error())
+    for entry in out.values():
+        errs = sorted(abs(e) for e in entry["errors"])
+        n = len(errs)
+        entry["n"] = n
+        entry["median"] = errs[n // 2] if n % 2 else (errs[n // 2 - 1] + errs[n // 2]) / 2
+        entry["worst"] = errs[-1]
+    return out

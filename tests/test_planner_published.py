@@ -1,0 +1,82 @@
+"""The planner against published training runs: per-source error, the stated error bars, no false refusals.
+
+Rows, citations and the hardware of each source are in ``tests/published_runs.py``; the per-source
+table with the commit is in ``benchmarks/RESULTS.md`` (``python benchmarks/bench_planner.py``). One set
+of constants for every row (the schema defaults); nothing is fitted per row. Targets (issue "Planner at
+scale"), for models >= 1B: step time / TFLOP/s median |error| <= 10% and worst <= 20% per source;
+memory within +-10% where a measured peak is published. Where a source misses a target the test says
+so with a strict xfail: it fails the day the planner meets it, so the marker cannot go stale.
+"""
+from __future__ import annotations
+
+import pytest
+
+from launch.check import layout_problems
+from launch.planner import memory_problems
+from launch.planner.accuracy import MEMORY_OVER, MEMORY_UNDER, STEP_TIME_MEDIAN, STEP_TIME_WORST
+from published_runs import all_rows, summary
+
+ROWS = all_rows()
+SUMMARY = summary(ROWS)
+MISSES = {
+    ("Smith 2022 (MT-NLG)", "speed"): "DeepSpeed's pipeline engine ran the same 530B layout 23% slower than "
+                                      "Megatron's own (Narayanan Table 1: 163 vs 126 TFLOP/s); the planner models "
+                                      "Megatron's schedule, so it is 15-19% too fast here",
+    ("BigScience 2022 (BLOOM)", "memory"): "DeepSpeed's bf16 optimizer keeps bf16 and fp32 gradient copies "
+                                           "Megatron-Core does not, and '60 GB' is a rounded figure: -26%",
+    ("torchtitan (FSDP)", "memory"): "torchtitan's per-op selective checkpointing keeps about half of what "
+                                     "Megatron's selective recompute keeps: +31% / +38%",
+}
+
+
+def _marks(key):
+    return [pytest.mark.xfail(strict=True, reason=MISSES[key])] if key in MISSES else []
+
+
+SPEED = [pytest.param(k, id=k[0], marks=_marks(k)) for k in SUMMARY if k[1] == "speed"]
+MEMORY = [pytest.param(k, id=k[0], marks=_marks(k)) for k in SUMMARY if k[1] == "memory"]
+
+
+def test_at_least_four_independent_sources_for_speed_and_three_with_measured_memory():
+    assert len({s for s, kind in SUMMARY if kind == "speed"}) >= 4
+    assert len({s for s, kind in SUMMARY if kind == "memory"}) >= 3
+    assert all(r.cite for r in ROWS)
+
+
+@pytest.mark.parametrize("key", SPEED)
+def test_step_time_error_per_source(key):
+    s = SUMMARY[key]
+    assert s["median"] <= STEP_TIME_MEDIAN and s["worst"] <= STEP_TIME_WORST, \
+        f"{key[0]}: median {100 * s['median']:.1f}%, worst {100 * s['worst']:.1f}% over {s['n']} rows"
+
+
+@pytest.mark.parametrize("key", MEMORY)
+def test_memory_within_10_percent_per_source(key):
+    s = SUMMARY[key]
+    assert s["worst"] <= 0.10, f"{key[0]}: worst {100 * s['worst']:.1f}%"
+
+
+def test_the_stated_error_bars_cover_every_validation_row():
+    """``launch/planner/accuracy.py`` states the memory error the job check allows for; if the model
+    changes so that a row leaves that band, this fails and the band (and its text) must be revisited."""
+    errors = [r.error() for r in ROWS if r.metric == "memory_gib"]
+    assert -MEMORY_UNDER <= min(errors) and max(errors) <= MEMORY_OVER
+    assert max(errors) > MEMORY_OVER - 0.05 and min(errors) < -MEMORY_UNDER + 0.05  # and are not loose either
+    speed = [abs(r.error()) for r in ROWS if r.metric != "memory_gib" and r.params_b >= 1]
+    assert max(speed) <= STEP_TIME_WORST
+
+
+@pytest.mark.parametrize("row", [r for r in ROWS if r.params_b >= 1], ids=lambda r: f"{r.source}: {r.label}")
+def test_no_published_trained_layout_is_refused(row):
+    assert layout_problems(row.job) == []
+    assert memory_problems(row.job) == []
+
+
+def test_mfu_falls_with_scale_as_published():
+    """Same model, more GPUs at a fixed global batch (MT-NLG 2240 -> 3360, Llama 3 8192 -> 16384):
+    the published TFLOP/s per GPU fall, and so do the estimates."""
+    for source in ("Smith 2022 (MT-NLG)", "Dubey 2024 (Llama 3)"):
+        rows = [r for r in ROWS if r.source == source][:3 if source.startswith("Smith") else 2]
+        per_gpu = [(r.job.world_size, r.estimate() if r.metric == "tflops" else 1 / (r.estimate() * r.job.world_size))
+                   for r in rows]
+        assert [x for _, x in sorted(per_gpu)] == sorted((x for _, x in per_gpu), reverse=True), source
