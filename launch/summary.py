@@ -41,6 +41,10 @@ def _estimate(job: Job) -> Any:
         return None
 
 
+_FIT = {"fits": "fits", "inside the error band": "MAY NOT FIT: over, inside the planner's error band",
+        "does not fit": "DOES NOT FIT"}
+
+
 def summary(job: Job, run_dir: Path, *, job_ids: Sequence[str] = (), est: Any = None) -> str:
     """The table; ``job_ids`` empty means a dry run (nothing was submitted)."""
     from launch.planner.estimate import layout_name, train_iterations
@@ -52,7 +56,8 @@ def summary(job: Job, run_dir: Path, *, job_ids: Sequence[str] = (), est: Any = 
                        f"gbs {t.global_batch_size}, mbs {t.micro_batch_size}, seq {job.model.seq_length}")]
     if est is not None:
         rows.append(("memory/GPU", f"{est.memory_gb_per_gpu:.1f} GiB of {c.gpu_memory_gb:g} "
-                                   f"({'fits' if est.fits else 'DOES NOT FIT'}; estimate)"))
+                                   f"({_FIT.get(getattr(est, 'memory_verdict', ''), 'fits' if est.fits else 'DOES NOT FIT')}"
+                                   "; estimate)"))
         if est.step_time_s:
             tokens = t.global_batch_size * job.model.seq_length / est.step_time_s
             mfu = f"MFU {100 * est.mfu:.1f}%" if est.mfu is not None and c.gpu != "cpu" else "no MFU (cluster.gpu: cpu)"
