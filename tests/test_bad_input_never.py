@@ -32,6 +32,8 @@ def _fields(job):
     ("nvlink_bandwidth_gbs", 0.0), ("ib_bandwidth_gbs", -1.0), ("fs_write_bandwidth_gbs", 0.0),
     ("node_mtbf_hours", 0.0), ("node_mtbf_hours", -5.0), ("gpu_memory_gb", 0.0),
     ("achievable_fraction", 0.0), ("achievable_fraction", 1.5), ("achievable_fraction", math.nan),
+    ("nvlink_latency_us", -1.0), ("ib_latency_us", math.inf), ("kernel_launch_us", -0.5),
+    ("step_overhead_s", math.nan), ("step_jitter", -0.01),
 ])
 def test_planner_numbers_are_refused_with_the_field(field, value):
     job = compose_job(LOCAL)
