@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-__all__ = ["CAUSE_COLORS", "plot_timeline", "plot_goodput", "plot_mfu_by_layout"]
+__all__ = ["CAUSE_COLORS", "plot_timeline", "plot_loss_by_step", "plot_goodput", "plot_mfu_by_layout"]
 
 CAUSE_COLORS = {
     "time_limit": "tab:blue", "preemption": "tab:purple", "node_failure": "tab:red",
@@ -31,7 +31,11 @@ def plot_timeline(m: pd.DataFrame, intr: pd.DataFrame, path: Path, title: str = 
     m = m.sort_values(["timestamp", "job", "attempt", "seq"], kind="stable", na_position="last").reset_index(drop=True)
     x, xlabel = _x(m)
     fig, (a1, a2) = plt.subplots(2, 1, figsize=(10, 6), sharex=True)
-    if m["tflops"].notna().any():
+    if m["tflops"].notna().any() and m["mfu"].notna().any():
+        tput, ylabel = m["tflops"], "TFLOP/s/GPU"
+    elif m["tokens_per_s"].notna().any():  # no accelerator peak (a CPU run): tokens/s reads better
+        tput, ylabel = m["tokens_per_s"], "tokens/s"
+    elif m["tflops"].notna().any():
         tput, ylabel = m["tflops"], "TFLOP/s/GPU"
     elif m["tokens_per_s"].notna().any():
         tput, ylabel = m["tokens_per_s"], "tokens/s"
@@ -69,6 +73,29 @@ def plot_timeline(m: pd.DataFrame, intr: pd.DataFrame, path: Path, title: str = 
     return path
 
 
+def plot_loss_by_step(m: pd.DataFrame, intr: pd.DataFrame, path: Path, title: str = "",
+                      validation: pd.DataFrame | None = None) -> Path:
+    """lm loss against the step, one colour per attempt (a resumed attempt overlaps the redone steps);
+    validation loss as markers when the run logged it."""
+    fig, ax = plt.subplots(figsize=(10, 3.6))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, ((job, attempt), g) in enumerate(m.groupby(["job", "attempt"], sort=False)):
+        g = g.sort_values("iteration")
+        ax.plot(g["iteration"], g["lm_loss"], ".-", ms=3, lw=0.9, color=colors[i % len(colors)],
+                label=f"job {job} attempt {attempt}")
+    if validation is not None and len(validation):
+        ax.plot(validation["iteration"], validation["val_loss"], "s", color="black", ms=5, label="validation loss")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("lm loss")
+    ax.set_title(title or "lm loss by step")
+    if len(m):
+        ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def plot_goodput(gp: dict, path: Path, title: str = "") -> Path:
     """One stacked bar of the allocated time (hours), plus queue wait beside it."""
     parts = [("productive", gp.get("productive_s") or 0.0, "tab:green"),
@@ -92,8 +119,8 @@ def plot_goodput(gp: dict, path: Path, title: str = "") -> Path:
     return path
 
 
-def plot_mfu_by_layout(layouts: pd.DataFrame, path: Path) -> Path:
-    """MFU (and HFU) per layout; TFLOP/s/GPU or tokens/s where the GPU is unknown."""
+def plot_mfu_by_layout(layouts: pd.DataFrame, path: Path, reason: str = "") -> Path:
+    """MFU (and HFU) per layout; tokens/s (or TFLOP/s/GPU) where MFU is unknown, titled with ``reason``."""
     fig, ax = plt.subplots(figsize=(8, 3.2))
     if layouts.empty:
         ax.text(0.5, 0.5, "no iterations", ha="center", va="center")
@@ -105,10 +132,11 @@ def plot_mfu_by_layout(layouts: pd.DataFrame, path: Path) -> Path:
         ax.set_ylabel("% of dense peak")
         ax.legend(fontsize=8)
     else:
-        col = "tflops_per_gpu" if layouts["tflops_per_gpu"].notna().any() else "tokens_per_s"
+        col = "tokens_per_s" if layouts["tokens_per_s"].notna().any() else "tflops_per_gpu"
         ax.bar(layouts["layout"], layouts[col])
         ax.set_ylabel("TFLOP/s/GPU" if col == "tflops_per_gpu" else "tokens/s")
-        ax.set_title("MFU unknown (no model shape or GPU): throughput shown")
+        ax.set_title(f"no MFU: {reason or 'unknown model shape or GPU'}; {'tokens/s' if col == 'tokens_per_s' else 'TFLOP/s/GPU'}"
+                     " shown", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

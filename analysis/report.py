@@ -8,8 +8,6 @@ self-contained ``report.html`` (plots embedded as base64 PNG) and the PNG files.
 from __future__ import annotations
 
 import argparse
-import base64
-import html
 import json
 import math
 import sys
@@ -25,7 +23,8 @@ from analysis.load import RunInputs, load_paths
 from analysis.mfu import (
     RunShape, attempt_summary, layout_label, layout_summary, regression_flags, shape_from_config, step_metrics, straggler_flags,
 )
-from analysis.plots import plot_goodput, plot_mfu_by_layout, plot_timeline
+from analysis.document import counts, num, pct, to_html, to_markdown
+from analysis.plots import plot_goodput, plot_loss_by_step, plot_mfu_by_layout, plot_timeline
 from analysis.signatures import CAUSES
 
 __all__ = ["main", "analyze_run", "ITERATIONS_CSV_COLUMNS"]
@@ -113,29 +112,6 @@ def _summary(run: RunInputs, res: dict) -> dict:
     }
 
 
-def _md_table(df: pd.DataFrame, max_rows: int = 50) -> str:
-    if df.empty:
-        return "_none_\n"
-    df = df.head(max_rows)
-    cols = list(df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for row in df.itertuples(index=False):
-        cells = []
-        for v in row:
-            if isinstance(v, float):
-                cells.append("" if math.isnan(v) else f"{v:.4g}")
-            else:
-                cells.append("" if v is None or v is pd.NA or v is pd.NaT else str(v).replace("|", "\\|"))
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _pct(v) -> str:
-    if v is None:
-        return "n/a"
-    return f"{v:.1%}" if v == 0 or abs(v) >= 0.001 else f"{v * 100:.2g}%"
-
-
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (0, or 2 for a missing input path)."""
     ap = argparse.ArgumentParser(prog="analysis/report.py", description=__doc__.splitlines()[0])
@@ -155,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as e:
         print(f"report: {e}", file=sys.stderr)
         return 2
-    its, intrs, layouts, summary, md, pngs = [], [], [], {"runs": {}}, [], []
+    its, intrs, layouts, summary, body = [], [], [], {"runs": {}}, []
+    mfu_reasons = []
     for run in runs:
         res = analyze_run(run, _shape(run, args), window=args.window, threshold=args.threshold)
         m = res["metrics"].assign(run=run.name)
@@ -163,22 +140,18 @@ def main(argv: list[str] | None = None) -> int:
         intrs.append(res["interruptions"].assign(run=run.name))
         layouts.append(res["by_layout"].assign(run=run.name))
         s = summary["runs"][run.name] = _summary(run, res)
+        reason = mfu_missing_reason(run, m, args.gpu)
+        if reason:
+            mfu_reasons.append(reason)
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in run.name)
         tl = plot_timeline(m, res["interruptions"], out / f"timeline_{safe}.png", title=f"{run.name}: loss and throughput")
+        ls = plot_loss_by_step(m, res["interruptions"], out / f"loss_by_step_{safe}.png", title=f"{run.name}: lm loss by step")
         gp = plot_goodput(res["goodput"], out / f"goodput_{safe}.png")
-        pngs += [tl, gp]
-        md += [f"## Run `{run.name}`\n",
-               f"- iterations parsed: {s['iterations']} (unreadable lines skipped: {s['skipped_lines']})",
-               f"- attempts: {s['attempts']}, interruptions: {s['interruptions']} {s['counts_by_cause']}",
-               f"- goodput: {_pct(s['goodput']['goodput'])}; median MFU {_pct(s['mfu'])}, HFU {_pct(s['hfu'])}, "
-               f"TFLOP/s/GPU {s['tflops_per_gpu']}, tokens/s {s['tokens_per_s']}",
-               f"- steps with a throughput regression (rolling {args.window} vs baseline, +{args.threshold:.0%}): "
-               f"{s['regressed_steps']}",
-               f"- straggler ranks (median step time > 1.1x the ranks' median, where several ranks log): "
-               f"{[(r['job'], r['attempt'], r['rank'], round(r['ratio'], 2)) for r in s['stragglers']] or 'none'}",
-               "", "### Interruptions", "",
-               _md_table(res["interruptions"]), "### Throughput per attempt", "", _md_table(res["by_attempt"]),
-               f"![timeline]({tl.name})", "", f"![goodput]({gp.name})", ""]
+        body += run_blocks(run.name, s, res, args, reason, [
+            (ls, "lm loss against the step: each attempt in its own colour; a resumed attempt redoes the steps "
+                 "after its checkpoint"),
+            (tl, "lm loss and throughput against wall-clock time; dashed lines are interruptions (colour = cause)"),
+            (gp, "where the allocated time went (hours)")])
 
     all_it = pd.concat(its, ignore_index=True) if its else pd.DataFrame()
     all_it = all_it.rename(columns={"job": "_job"})
@@ -188,9 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     cols = ["run"] + [c for c in all_intr.columns if c != "run"]
     all_intr.reindex(columns=cols).to_csv(out / "interruptions.csv", index=False)
     lay = pd.concat(layouts, ignore_index=True) if layouts else pd.DataFrame()
-    mfu_png = plot_mfu_by_layout(lay.groupby("layout", as_index=False).median(numeric_only=True)
-                                 if not lay.empty else lay, out / "mfu_by_layout.png")
-    pngs.append(mfu_png)
+    lay_median = lay.groupby("layout", as_index=False).median(numeric_only=True) if not lay.empty else lay
+    mfu_reason = "; ".join(sorted(set(mfu_reasons))) if len(mfu_reasons) == len(runs) else ""
+    mfu_png = plot_mfu_by_layout(lay_median, out / "mfu_by_layout.png", reason=mfu_reason)
 
     causes = all_intr["cause"].value_counts().to_dict() if not all_intr.empty else {}
     runs_s = summary["runs"].values()
@@ -200,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         if sum(r["goodput"]["allocated_s"] or 0 for r in runs_s) > 0 else None,
         "mfu": _num(all_it["mfu"].median()) if len(all_it) else None,
         "hfu": _num(all_it["hfu"].median()) if len(all_it) else None,
+        "mfu_missing_reason": mfu_reason or None,
         "counts_by_cause": {str(k): int(v) for k, v in causes.items()},
         "skipped_lines": {k: sum(r["skipped_lines"].get(k, 0) for r in runs_s)
                           for k in ("iteration_lines", "sacct_lines", "event_lines")},
@@ -208,30 +182,59 @@ def main(argv: list[str] | None = None) -> int:
     })
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
 
-    head = ["# Training run report", "",
-            f"- goodput (productive / allocated): {_pct(summary['goodput'])}",
-            f"- median MFU {_pct(summary['mfu'])}, HFU {_pct(summary['hfu'])} (dense peak of the configured GPU)",
-            f"- interruptions by cause: {summary['counts_by_cause'] or 'none'}",
-            f"- unreadable lines skipped: {summary['skipped_lines']}", "",
-            "## MFU per layout", "", _md_table(lay), f"![mfu]({mfu_png.name})", ""]
-    report_md = "\n".join(head + md) + "\n"
-    (out / "report.md").write_text(report_md)
-    (out / "report.html").write_text(_html(report_md, pngs))
+    title = "Training run report: " + ", ".join(r.name for r in runs)
+    mfu_card = pct(summary["mfu"]) if summary["mfu"] is not None else "n/a"
+    head = [("h", 1, title),
+            ("cards", [("goodput", pct(summary["goodput"]), "productive / allocated"),
+                       ("median MFU", mfu_card, mfu_reason or "dense peak of the configured GPU"),
+                       ("median HFU", pct(summary["hfu"]) if summary["hfu"] is not None else "n/a", ""),
+                       ("interruptions", str(summary["interruptions"]), counts(summary["counts_by_cause"])),
+                       ("iterations logged", f"{summary['iterations']:,}",
+                        f"unreadable lines skipped: {counts(summary['skipped_lines'])}")]),
+            ("h", 2, "MFU per layout"),
+            ("table", lay, "median over the steady steps of every attempt (the first 2 steps of each are warm-up)"),
+            ("img", mfu_png, "MFU and HFU per layout" if not mfu_reason else f"throughput per layout ({mfu_reason})")]
+    blocks = head + body
+    (out / "report.md").write_text(to_markdown(blocks))
+    (out / "report.html").write_text(to_html(blocks, title))
     print(f"wrote {out}/report.md, report.html, summary.json, iterations.csv, interruptions.csv")
     return 0
 
 
-def _html(report_md: str, pngs: list[Path]) -> str:
-    """A self-contained page: the markdown as preformatted text and each PNG inline."""
-    imgs = "\n".join(
-        f'<h3>{html.escape(p.name)}</h3><img alt="{html.escape(p.name)}" '
-        f'src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}"/>'
-        for p in pngs
-    )
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>Training run report</title>"
-            "<style>body{font-family:sans-serif;max-width:1100px;margin:auto}pre{white-space:pre-wrap}"
-            "img{max-width:100%}</style></head><body>"
-            f"<pre>{html.escape(report_md)}</pre>{imgs}</body></html>\n")
+def mfu_missing_reason(run: RunInputs, m: pd.DataFrame, gpu_flag: str | None) -> str:
+    """Why MFU is empty for ``run`` ('' when it is not): the reader should not have to guess."""
+    if len(m) and m["mfu"].notna().any():
+        return ""
+    gpu = ((run.config or {}).get("cluster") or {}).get("gpu") if run.config else None
+    if gpu_flag:
+        return f"no dense peak for --gpu {gpu_flag}"
+    if run.config is None:
+        return "no config.yaml beside the logs: pass --gpu, --dtype and --num-gpus"
+    if gpu in (None, "", "cpu"):
+        return f"cluster.gpu is {gpu or 'unset'}: no accelerator peak FLOP/s to compare against"
+    return f"no dense peak for cluster.gpu {gpu!r}"
+
+
+def run_blocks(name: str, s: dict, res: dict, args: argparse.Namespace, mfu_reason: str,
+               figures: list) -> list[tuple]:
+    """The section of one run: key numbers, interruptions, throughput per attempt, figures."""
+    strag = [f"job {r['job']} attempt {r['attempt']} rank {r['rank']} ({num(r['ratio'])}x)" for r in s["stragglers"]]
+    mfu = f"median MFU {pct(s['mfu'])}, HFU {pct(s['hfu'])}" if s["mfu"] is not None else f"MFU n/a ({mfu_reason})"
+    tflops = f"{num(s['tflops_per_gpu'])} TFLOP/s/GPU" if s["tflops_per_gpu"] is not None else ""
+    tokens = f"{num(s['tokens_per_s'])} tokens/s" if s["tokens_per_s"] is not None else ""
+    return [
+        ("h", 2, f"Run {name}"),
+        ("ul", [f"iterations parsed: {s['iterations']:,} (unreadable lines skipped: {counts(s['skipped_lines'])})",
+                f"attempts: {s['attempts']}; interruptions: {s['interruptions']} ({counts(s['counts_by_cause'])})",
+                f"goodput {pct(s['goodput']['goodput'])}; {mfu}" + "".join(f"; {x}" for x in (tflops, tokens) if x),
+                f"steps with a throughput regression (rolling {args.window} steps vs the baseline, "
+                f"+{args.threshold:.0%} slower): {s['regressed_steps']}",
+                "straggler ranks (median step time > 1.1x the ranks' median): " + (", ".join(strag) or "none")]),
+        ("h", 3, "Interruptions"),
+        ("table", res["interruptions"], "one row per attempt that ended before the run finished"),
+        ("h", 3, "Throughput per attempt"),
+        ("table", res["by_attempt"], "median over each attempt's steady steps"),
+    ] + [("img", path, caption) for path, caption in figures]
 
 
 if __name__ == "__main__":

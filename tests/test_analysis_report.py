@@ -181,7 +181,7 @@ def test_report_cli_writes_every_output(run_dir, tmp_path):
     out = tmp_path / "out"
     assert main([str(run_dir), "--out", str(out)]) == 0
     for name in ("iterations.csv", "interruptions.csv", "summary.json", "report.md", "report.html",
-                 "mfu_by_layout.png", "timeline_demo.png", "goodput_demo.png"):
+                 "mfu_by_layout.png", "timeline_demo.png", "loss_by_step_demo.png", "goodput_demo.png"):
         assert (out / name).stat().st_size > 0, name
     its = pd.read_csv(out / "iterations.csv")
     assert len(its) == 12 + 14 + 10
@@ -196,7 +196,7 @@ def test_report_cli_writes_every_output(run_dir, tmp_path):
     assert 0 < s["mfu"] < s["hfu"] < 1
     assert s["skipped_lines"]["event_lines"] == 1
     html = (out / "report.html").read_text()
-    assert html.count("data:image/png;base64,") == 3 and "src=\"timeline" not in html
+    assert html.count("data:image/png;base64,") == 4 and "src=\"timeline" not in html
 
 
 def test_report_runs_as_a_script_on_loose_files_and_a_sweep(run_dir, tmp_path):
