@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import sys
 import typing
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
@@ -75,11 +76,27 @@ def compose_job(overrides: Sequence[str] = (), config_name: str = "config") -> J
     return to_job(cfg)
 
 
-def load_job(path: str | Path) -> Job:
-    """Read a run's saved ``config.yaml`` back into a typed Job (the worker's entry)."""
+# Fields that left the schema, and where they went: a config.yaml saved before still loads.
+RETIRED = {
+    ("training", "fail_at_iter"): "a test hook, now the environment switch SLURMTRON_TEST_FAIL_AT_ITER",
+}
+
+
+def load_job(path: str | Path, warn: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr)) -> Job:
+    """Read a run's saved ``config.yaml`` back into a typed Job (the worker's entry).
+
+    A retired field (:data:`RETIRED`) is dropped with a WARNING through ``warn``, so a run
+    started by an older version continues.
+    """
     register_configs()
     schema = OmegaConf.structured(Job)
-    return OmegaConf.to_object(OmegaConf.merge(schema, OmegaConf.load(path)))
+    saved = OmegaConf.load(path)
+    for (group, key), where in RETIRED.items():
+        node = saved.get(group) if isinstance(saved, DictConfig) else None
+        if isinstance(node, DictConfig) and key in node:
+            warn(f"WARNING: {path}: ignoring {group}.{key}={node[key]!r}, no longer a setting ({where})")
+            node.pop(key)
+    return OmegaConf.to_object(OmegaConf.merge(schema, saved))
 
 
 def job_to_yaml(job: Job) -> str:

@@ -163,7 +163,6 @@ class TrainingConfig:
     max_restarts: int = 20  # requeues allowed before giving up
     zero_progress_restarts: int = 3  # stop after N consecutive restarts with no new checkpoint
     requeue_on_crash: bool = True  # Slurm: requeue a crashed attempt (bounded by the two limits above)
-    fail_at_iter: Optional[int] = None  # test hook: raise at this iteration (deterministic crash)
 
 
 @dataclass

@@ -15,6 +15,7 @@ A run directory ``<cluster.run_root>/<run.name>/`` (or ``run.dir``) holds::
     hangs/              stack dumps of hung attempts
     tensorboard/        TensorBoard event files (one per attempt; purged past the resumed step)
     wandb_id            the W&B run id every attempt resumes (wandb/ holds W&B's own files)
+    data_cache/         Megatron's index cache of an indexed dataset
     checkpoints/        iter_NNNNNNN/ (committed), iter_NNNNNNN.tmp/ (staging), latest
 
 With ``cluster.checkpoint_root`` set, checkpoints live in ``<checkpoint_root>/<run.name>/`` instead, so two runs
@@ -40,6 +41,7 @@ LOCK = "run.lock"
 HANGS = "hangs"
 TENSORBOARD = "tensorboard"
 WANDB_ID = "wandb_id"
+DATA_CACHE = "data_cache"
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 STAGING_SUFFIX = ".tmp"
@@ -112,5 +114,18 @@ class RunPaths:
     def latest(self) -> Path:
         return self.checkpoints / LATEST
 
+    @property
+    def data_cache(self) -> Path:
+        return self.run_dir / DATA_CACHE
+
+    def checkpoint(self, step: int) -> Path:
+        """The committed checkpoint of ``step``."""
+        return self.checkpoints / f"iter_{step:07d}"
+
     def staging(self, step: int) -> Path:
+        """Where the ranks write ``step``'s shards before the commit renames it to :meth:`checkpoint`."""
         return self.checkpoints / f"iter_{step:07d}{STAGING_SUFFIX}"
+
+    def rank_log(self, attempt: int, rank: int, prefix: str = "local") -> Path:
+        """One rank's output when the ranks run on this machine (``cluster=local``, the tests)."""
+        return self.logs / f"{prefix}_{attempt}_rank{rank}.out"

@@ -110,7 +110,7 @@ def split_args(argv: Sequence[str]) -> tuple[Options, list[str]]:
 
 def preflight_job(job: Job, opts: Options) -> Job:
     """The job the preflight ranks run: ``steps`` iterations, no requeue, a short time limit."""
-    training = replace(job.training, train_iters=opts.steps, train_tokens=None, fail_at_iter=None)
+    training = replace(job.training, train_iters=opts.steps, train_tokens=None)
     cluster = replace(job.cluster, requeue_allowed=False)
     limit = max(5, min(job.run.time_limit_min, int(opts.timeout_s // 60) + 5))
     return replace(job, training=training, cluster=cluster, run=replace(job.run, time_limit_min=limit,

@@ -23,7 +23,7 @@ No torch: the planner uses this on the login node.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Optional
 
 
 def job_mtbf_s(node_mtbf_hours: float, nodes: int) -> float:
@@ -74,6 +74,19 @@ def interval_steps(save_s: float, step_s: float, mtbf_s: float) -> tuple[int, st
     return steps, reasoning
 
 
+def parse_interval(value: Any) -> Optional[int]:
+    """``training.checkpoint_interval`` read once: the step count, or None for 'auto' (resolved after a save)."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return None
+    try:
+        steps = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"training.checkpoint_interval must be a positive int or 'auto', got {value!r}") from None
+    if steps < 1:
+        raise ValueError(f"training.checkpoint_interval must be >= 1 or 'auto', got {steps}")
+    return steps
+
+
 def resolve_interval(
     value: Any,
     *,
@@ -83,16 +96,11 @@ def resolve_interval(
     nodes: int,
 ) -> tuple[int, str]:
     """``training.checkpoint_interval`` -> (steps, reasoning): an int is used as given, 'auto' is Daly's."""
-    if isinstance(value, str) and value.strip().lower() == "auto":
+    steps = parse_interval(value)
+    if steps is None:
         mtbf = job_mtbf_s(node_mtbf_hours, nodes)
         steps, why = interval_steps(save_s, step_s, mtbf)
         return steps, f"auto: node MTBF {node_mtbf_hours:g} h / {nodes} node(s); {why}"
-    try:
-        steps = int(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"training.checkpoint_interval must be a positive int or 'auto', got {value!r}") from None
-    if steps < 1:
-        raise ValueError(f"training.checkpoint_interval must be >= 1 or 'auto', got {steps}")
     return steps, f"configured: every {steps} step(s)"
 
 

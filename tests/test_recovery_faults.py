@@ -26,6 +26,7 @@ Every rank is a subprocess with a timeout. About 6-8 minutes on 2 busy cores.
 """
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import signal
@@ -227,9 +228,9 @@ def test_reshard_tp2_checkpoint(target, reference, tmp_path):
 def test_zero_progress_guard_stops_a_deterministic_crash(tmp_path):
     run_dir = tmp_path / "crashing"
     # a checkpoint at step 2, then a crash at iteration 4 on every attempt
-    write_job(run_dir, "dp2", "training.fail_at_iter=4", "training.checkpoint_interval=2",
-              "training.zero_progress_restarts=1")
-    atts = run_until_done(run_dir, WORLD, max_attempts=6, timeout_s=200)
+    write_job(run_dir, "dp2", "training.checkpoint_interval=2", "training.zero_progress_restarts=1")
+    atts = run_until_done(run_dir, WORLD, max_attempts=6, timeout_s=200,
+                          env={**os.environ, "SLURMTRON_TEST_FAIL_AT_ITER": "4"})
     assert [a.code for a in atts] == [1, 1, 3], ([a.codes for a in atts], write_rank_logs_tail(run_dir))
     assert atts[-1].codes == [3, 3]
     stops = [e for e in read_events(run_dir / "events.jsonl") if e["event"] == "stop"]

@@ -17,6 +17,8 @@ def test_checkpoints_default_to_the_run_directory():
     assert paths.checkpoints == Path("/runs/a/checkpoints")
     assert paths.events == Path("/runs/a/events.jsonl") and paths.config == Path("/runs/a/config.yaml")
     assert paths.staging(20) == Path("/runs/a/checkpoints/iter_0000020.tmp")
+    assert paths.checkpoint(20) == Path("/runs/a/checkpoints/iter_0000020")
+    assert paths.rank_log(1, 3) == Path("/runs/a/logs/local_1_rank3.out")
 
 
 def test_two_runs_with_one_checkpoint_root_never_share_a_directory():
@@ -50,3 +52,16 @@ def test_a_second_run_under_the_same_checkpoint_root_starts_fresh(tmp_path):
     assert (root / "a" / "iter_0000002").is_dir() and (root / "b" / "iter_0000002").is_dir()
     assert sorted(b.losses) == [1, 2], "run b trained its own steps instead of loading run a's checkpoint"
     assert not (tmp_path / "b" / "checkpoints").exists()
+
+
+def test_a_config_saved_with_a_retired_field_still_loads_with_a_warning(tmp_path):
+    """training.fail_at_iter left the schema (it is an environment switch now); old runs continue."""
+    from launch.compose import compose_job, job_to_yaml, load_job
+
+    path = tmp_path / "config.yaml"
+    path.write_text(job_to_yaml(compose_job(["model=tiny"])).replace("training:\n", "training:\n  fail_at_iter: 3\n"))
+    said = []
+    job = load_job(path, warn=said.append)
+    assert job.model.name == compose_job(["model=tiny"]).model.name
+    assert len(said) == 1 and "training.fail_at_iter=3" in said[0] and "SLURMTRON_TEST_FAIL_AT_ITER" in said[0]
+    assert not hasattr(job.training, "fail_at_iter")

@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 ITERS = 20  # the tiny recipe: 20 steps, checkpoint every 10
 SLEEP = "+cluster.env.SLURMTRON_TEST_STEP_SLEEP_S"  # worker test hook: seconds slept per step
+FAIL_AT = "+cluster.env.SLURMTRON_TEST_FAIL_AT_ITER"  # worker test hook: crash at this iteration
 TRAIN_TIMEOUT = 300  # one scenario, start to finish, on a loaded 2-core machine
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(1500)]
@@ -206,13 +207,13 @@ def preempted_at_start(cluster: Cluster, d: Path) -> Run:
 
 
 def crash_loop(cluster: Cluster, d: Path) -> Run:
-    """training.fail_at_iter=3: every attempt crashes at the same step.
+    """SLURMTRON_TEST_FAIL_AT_ITER=3 (exported by the batch script): every attempt crashes at the same step.
 
     Slurm never reruns a FAILED job; the rendered batch script requeues a crashed attempt
     (recovery/crash.py reads the attempt's event log), and the zero-progress guard must end
     the loop that a deterministic crash would otherwise make endless.
     """
-    run = submit(cluster, d / "crashloop", "parallelism=tp2", "run.time_limit_min=10", "training.fail_at_iter=3",
+    run = submit(cluster, d / "crashloop", "parallelism=tp2", "run.time_limit_min=10", f"{FAIL_AT}=3",
                  "training.zero_progress_restarts=2")
     return finish(cluster, run, timeout=2 * TRAIN_TIMEOUT)
 
@@ -418,7 +419,7 @@ def test_deterministic_crash_loop_is_stopped_by_the_zero_progress_guard(scenario
     stops = run.of("stop")
     assert [e["reason"] for e in stops] == ["crash", "crash", "zero_progress"], run.logs()
     assert [e.get("method") for e in run.of("requeue")] == ["scontrol_after_crash"] * 2, run.logs()
-    assert "fail_at_iter=3" in stops[0]["detail"]
+    assert "SLURMTRON_TEST_FAIL_AT_ITER=3" in stops[0]["detail"]
     assert stops[-1]["code"] == 3 and stops[-1]["restart_count"] == 2
     assert run.step_reached() == 2  # step 3 never completed; no checkpoint was ever written
     assert not run.of("checkpoint_saved")

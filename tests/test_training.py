@@ -183,6 +183,7 @@ def test_loss_falls_on_an_indexed_dataset(tmp_path):
 
 def test_local_launcher_relaunches_a_crash_until_the_zero_progress_guard(tmp_path):
     """cluster=local: a rank crash relaunches with attempt+1; the worker's guard ends it with 3."""
+    import os
     import subprocess
     import sys
 
@@ -190,12 +191,14 @@ def test_local_launcher_relaunches_a_crash_until_the_zero_progress_guard(tmp_pat
 
     run_dir = tmp_path / "run"
     write_job(run_dir, ["cluster.gpus_per_node=2", "parallelism=tp2", "training.train_iters=4",
-                        "training.fail_at_iter=2", "training.zero_progress_restarts=1"])
+                        "training.zero_progress_restarts=1"])
     code = (
         "import sys; from launch.compose import load_job; from launch.local import run; "
         f"sys.exit(run(load_job({str(run_dir / 'config.yaml')!r}), {str(run_dir)!r}))"
     )
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "SLURMTRON_TEST_FAIL_AT_ITER": "2"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
     from recovery.events import read_events
 
     events = read_events(run_dir / "events.jsonl")

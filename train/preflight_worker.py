@@ -96,43 +96,6 @@ def _log(rank: int, msg: str) -> None:
 
 # ---- model pieces shared by the target and the reference ----------------------------------
 
-def _quiet_known_warnings() -> None:
-    import warnings
-
-    for pattern in (".*Transformer Engine and Apex are not installed.*", ".*Apex is not installed.*",
-                    ".*CUDA_DEVICE_MAX_CONNECTIONS.*"):
-        warnings.filterwarnings("ignore", message=pattern)
-
-
-def _init(job: Any, denv: Any, timeout_s: float) -> tuple[bool, Any]:
-    """Distributed init and Megatron's parallel_state, like train.worker; returns (cuda, device)."""
-    import datetime
-
-    import torch
-    import torch.distributed as dist
-    from megatron.core import parallel_state
-
-    from launch import dist_env
-    from train import cpu_shim
-
-    _quiet_known_warnings()
-    cuda = torch.cuda.is_available()
-    if not cuda:
-        cpu_shim.apply()
-    if denv.world_size != job.world_size:
-        raise ValueError(f"{denv.world_size} ranks started but the job wants {job.world_size}")
-    if cuda:
-        torch.cuda.set_device(denv.local_rank)
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    dist.init_process_group(backend=dist_env.backend(cuda), init_method=denv.init_method, rank=denv.rank,
-                            world_size=denv.world_size, timeout=datetime.timedelta(seconds=timeout_s))
-    p = job.parallelism
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
-        virtual_pipeline_model_parallel_size=p.vpp, context_parallel_size=p.cp, expert_model_parallel_size=p.ep)
-    return cuda, device
-
-
 def _build(job: Any, cuda: bool, device: Any) -> tuple[list, Any, Any]:
     """Model chunks (DDP), optimizer and scheduler, built exactly as train.worker builds them."""
     from train import train_loop
@@ -301,7 +264,7 @@ def allreduce_busbw(device: Any, cuda: bool, clock: Callable[[], float] = time.p
 
 
 def _ckpt_meta(job: Any, step: int) -> dict:
-    from train.worker import layout_of, model_shape
+    from train.context import layout_of, model_shape
 
     return {"step": step, "consumed_samples": step * job.training.global_batch_size, "layout": layout_of(job),
             "distributed_optimizer": bool(job.parallelism.distributed_optimizer), "model": model_shape(job),
@@ -326,13 +289,12 @@ def start_reference(pf_dir: Path, env: Mapping[str, str], local_rank: int,
 
 def run_reference(job: Any, pf_dir: Path, opts: dict, denv: Any) -> int:
     """The single-process reference: train the same steps, then load the target's checkpoint."""
-    import torch.distributed as dist
-
     from train import megatron_ckpt
     from train.data import build_source
+    from train.distributed import init_distributed, shutdown_distributed
 
     ref = reference_job(job)
-    cuda, device = _init(ref, denv, opts["timeout_s"])
+    cuda, device = init_distributed(ref, denv, timeout_s=opts["timeout_s"])
     try:
         chunks, optimizer, scheduler = _build(ref, cuda, device)
         source = TimedSource(build_source(ref.data, ref.model, opts["steps"] * ref.training.global_batch_size,
@@ -350,10 +312,7 @@ def run_reference(job: Any, pf_dir: Path, opts: dict, denv: Any) -> int:
         _write_json(pf_dir / RESHARD_FILE, {"hashes": full_hashes(chunks, ref.model)})
         return 0
     finally:
-        from megatron.core import parallel_state
-
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
+        shutdown_distributed()
 
 
 # ---- the target layout ---------------------------------------------------------------------
@@ -365,13 +324,14 @@ def run_target(job: Any, pf_dir: Path, opts: dict, denv: Any, env: Mapping[str, 
 
     from train import megatron_ckpt
     from train.data import build_source
+    from train.distributed import init_distributed, shutdown_distributed
 
     rank = denv.rank
     for stale in (REFERENCE_FILE, RESHARD_FILE, CKPT_READY):
         if rank == 0 and (pf_dir / stale).exists():
             (pf_dir / stale).unlink()
     ref_proc = start_reference(pf_dir, env, denv.local_rank) if rank == 0 else None
-    cuda, device = _init(job, denv, opts["timeout_s"])
+    cuda, device = init_distributed(job, denv, timeout_s=opts["timeout_s"])
     try:
         chunks, optimizer, scheduler = _build(job, cuda, device)
         broke = apply_breakage(opts.get("break") or "", chunks)
@@ -432,10 +392,7 @@ def run_target(job: Any, pf_dir: Path, opts: dict, denv: Any, env: Mapping[str, 
         if ref_proc is not None and ref_proc.poll() is None:
             ref_proc.kill()
             ref_proc.wait()
-        from megatron.core import parallel_state
-
-        parallel_state.destroy_model_parallel()
-        dist.destroy_process_group()
+        shutdown_distributed()
 
 
 def _wait_reference(proc: Any, timeout_s: float) -> str:
@@ -459,7 +416,7 @@ def _read(path: Path) -> Optional[dict]:
 def judge(job: Any, pf_dir: Path, opts: dict, m: dict, ref_error: str) -> Any:
     """Rank 0: the verdict rows from the target's measurements and the reference's files."""
     from launch import preflight_checks as pc
-    from train.worker import layout_of
+    from train.context import layout_of
 
     ref = _read(pf_dir / REFERENCE_FILE)
     reshard = _read(pf_dir / RESHARD_FILE)

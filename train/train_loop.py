@@ -2,8 +2,9 @@
 
 The worker (:mod:`train.worker`) owns the process (distributed init, the run directory,
 resume and the exit code); this module owns what happens between two checkpoints. Every
-side effect it needs comes in as an argument (the clock, the printer, the save callback,
-the stop flag), so the loop is the same under Slurm, ``cluster=local`` and in tests.
+side effect it needs comes in with the rank's context (the clock, the printer, the event log,
+the stop flag) and its checkpointer, so the loop is the same under Slurm, ``cluster=local``
+and in tests.
 
 Determinism: the model init is layout independent (:mod:`train.megatron_model`), data is
 addressed by global sample index (:mod:`train.data`), dropout is 0 and every RNG is
@@ -15,10 +16,9 @@ from __future__ import annotations
 import datetime
 import math
 import random
-import time
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -35,7 +35,15 @@ from train.megatron_model import params_dtype
 
 
 class InjectedFailure(RuntimeError):
-    """``training.fail_at_iter``: a deterministic crash for the recovery tests."""
+    """``SLURMTRON_TEST_FAIL_AT_ITER``: a deterministic crash for the recovery tests."""
+
+
+class TrainingParts(NamedTuple):
+    """What :func:`build_training` builds and a checkpoint holds besides the position."""
+
+    chunks: List[Any]  # model chunks (Megatron DDP), one per virtual pipeline stage
+    optimizer: Any
+    scheduler: OptimizerParamScheduler
 
 
 @dataclass
@@ -150,7 +158,7 @@ def build_scheduler(training: TrainingConfig, optimizer: Any, iters: int, gbs: i
     )
 
 
-def build_training(job: Job, iters: int, *, cuda: bool, device: torch.device) -> tuple[List[Any], Any, OptimizerParamScheduler]:
+def build_training(job: Job, iters: int, *, cuda: bool, device: torch.device) -> TrainingParts:
     """Model chunks (Megatron DDP), optimizer and LR schedule for ``job``, in one fixed order.
 
     The worker and the preflight both build through here, so the preflight checks exactly
@@ -171,7 +179,7 @@ def build_training(job: Job, iters: int, *, cuda: bool, device: torch.device) ->
     chunks = wrap_ddp(chunks, config, p.distributed_optimizer)
     optimizer = build_optimizer(t, chunks, p.distributed_optimizer)
     scheduler = build_scheduler(t, optimizer, iters, t.global_batch_size)
-    return chunks, optimizer, scheduler
+    return TrainingParts(chunks, optimizer, scheduler)
 
 
 def _loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -287,22 +295,51 @@ def format_iteration(
     return s
 
 
-@dataclass
-class LoopIO:
-    """The loop's side effects, injected by the worker."""
+class Meter:
+    """Counts skipped and NaN steps and reports each logged step: an ``iteration`` event and Megatron's line."""
 
-    log: Callable[[str], None]  # prints on the last rank only
-    emit: Callable[..., Any]  # EventLog.emit on rank 0, a no-op elsewhere
-    save: Callable[[TrainState, str], float]  # collective checkpoint (reason: interval|signal|final) -> seconds
-    stop_signum: Callable[[], Optional[int]]  # this rank's StopFlag.signum
-    clock: Callable[[], float] = time.monotonic
-    now: Callable[[], datetime.datetime] = datetime.datetime.now
-    step_sleep_s: float = 0.0  # SLURMTRON_TEST_STEP_SLEEP_S
-    sleep: Callable[[float], None] = time.sleep
-    flops_per_step: Optional[float] = None  # analysis.flops over the global batch
-    peak_flops: Optional[float] = None  # per device; None = no MFU field (CPU)
-    resolve_auto: Optional[Callable[[float, float], int]] = None  # (step_s, save_s) -> interval, for 'auto'
-    check_lead: Optional[Callable[[float, float], None]] = None  # (step_s, save_s) after the first measured save
+    def __init__(self, ctx: Any, optimizer: Any, iters: int) -> None:
+        self.ctx, self.optimizer, self.iters = ctx, optimizer, iters
+        self.counters = Counters()
+        self.flops_per_step, self.peak_flops = throughput_model(ctx)
+
+    def step_done(self, state: TrainState, loss: float, grad_norm: float, skipped: bool, elapsed: float) -> None:
+        ctx, t, iteration = self.ctx, self.ctx.job.training, state.step
+        self.counters.skipped += int(skipped)
+        self.counters.nan += int(not math.isfinite(loss))
+        if not (iteration % max(1, t.log_interval) == 0 or iteration == self.iters):  # the event log fsyncs
+            return
+        lr = self.optimizer.param_groups[0]["lr"]
+        tflops = mfu = None
+        if self.flops_per_step is not None and elapsed > 0:
+            tflops = self.flops_per_step / (elapsed * ctx.world) / 1e12
+            if self.peak_flops:
+                mfu = tflops * 1e12 / self.peak_flops
+        ctx.emit("iteration", step=iteration, loss=repr(loss), grad_norm=repr(grad_norm), lr=repr(lr),
+                 consumed_samples=state.consumed_samples, seconds=elapsed)
+        ctx.log(format_iteration(
+            now=ctx.now(), iteration=iteration, train_iters=self.iters, consumed=state.consumed_samples,
+            elapsed_ms=elapsed * 1000.0, lr=lr, gbs=t.global_batch_size, loss=loss,
+            loss_scale=float(getattr(self.optimizer, "get_loss_scale", lambda: torch.tensor(1.0))().item()),
+            grad_norm=grad_norm, skipped=self.counters.skipped, nan=self.counters.nan, tflops=tflops, mfu=mfu,
+        ))
+
+
+def throughput_model(ctx: Any) -> tuple[Optional[float], Optional[float]]:
+    """(FLOPs per global step, peak FLOP/s per device or None on CPU), for the log's TFLOP/s and MFU fields."""
+    job = ctx.job
+    try:
+        from analysis import flops as aflops
+        from train import megatron_model
+
+        flops = aflops.num_floating_point_operations(
+            job.model, job.training.global_batch_size,
+            padded_vocab_size=megatron_model.padded_vocab_size(job.model, job.parallelism.tp))
+        peak = aflops.peak_flops(job.cluster.gpu, job.training.precision) if job.cluster.gpu != "cpu" else None
+        return flops, peak
+    except (ImportError, KeyError, ValueError) as e:
+        ctx.log(f"WARNING: no throughput/MFU in the log: {e}")
+        return None, None
 
 
 @dataclass
@@ -312,72 +349,39 @@ class LoopResult:
     signum: int = 0
 
 
-def run_loop(
-    job: Job,
-    chunks: List[Any],
-    optimizer: Any,
-    scheduler: OptimizerParamScheduler,
-    source: SampleSource,
-    state: TrainState,
-    iters: int,
-    io: LoopIO,
-    device: torch.device,
-) -> LoopResult:
-    """Train from ``state`` to ``iters``; check the stop flag at every step boundary.
+def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, state: TrainState,
+             iters: int) -> LoopResult:
+    """Train from ``state`` to ``iters``; at every step boundary all ranks agree on a stop first.
 
-    ``training.checkpoint_interval='auto'``: the first step is followed by a save whose
-    measured time, with the step time, gives the interval (:func:`recovery.interval`).
+    ``ctx`` is the rank's :class:`train.context.RankContext`, ``ckpt`` its
+    :class:`train.checkpointer.Checkpointer` (periodic saves, ``auto`` interval, lead-time check).
     """
-    t = job.training
-    auto = isinstance(t.checkpoint_interval, str) and t.checkpoint_interval.strip().lower() == "auto"
-    interval: Optional[int] = None if auto else int(t.checkpoint_interval)
-    nmb = num_microbatches(job)
-    counters = Counters()
-    world = dist.get_world_size()
+    t = ctx.job.training
+    nmb = num_microbatches(ctx.job)
+    meter = Meter(ctx, parts.optimizer, iters)
     while state.step < iters:
-        signum = agree_stop(io.stop_signum(), device)
+        signum = agree_stop(ctx.flag.signum, ctx.device)
         if signum:
-            io.emit("signal", signal=_signame(signum), step=state.step)
-            io.save(state, "signal")
+            ctx.emit("signal", signal=_signame(signum), step=state.step)
+            ckpt.save(state, "signal")
             return LoopResult(state, "signal", signum)
-        iteration = state.step + 1
-        if t.fail_at_iter is not None and iteration == t.fail_at_iter:
-            raise InjectedFailure(f"training.fail_at_iter={t.fail_at_iter}: injected failure at iteration {iteration}")
-        t0 = io.clock()
-        loss, grad_norm, skipped = train_step(job, chunks, optimizer, scheduler, source, state, nmb, device)
-        if io.step_sleep_s > 0:
-            io.sleep(io.step_sleep_s)
-        elapsed = io.clock() - t0
-        state.step = iteration
+        inject_failure(ctx.hooks.fail_at_iter, state.step + 1)
+        t0 = ctx.clock()
+        loss, grad_norm, skipped = train_step(ctx.job, *parts, source, state, nmb, ctx.device)
+        if ctx.hooks.step_sleep_s > 0:
+            ctx.sleep(ctx.hooks.step_sleep_s)
+        elapsed = ctx.clock() - t0
+        state.step += 1
         state.consumed_samples += t.global_batch_size
-        is_nan = not math.isfinite(loss)
-        counters.skipped += int(skipped)
-        counters.nan += int(is_nan)
-        lr = optimizer.param_groups[0]["lr"]
-        tflops = mfu = None
-        if io.flops_per_step is not None and elapsed > 0:
-            tflops = io.flops_per_step / (elapsed * world) / 1e12
-            if io.peak_flops:
-                mfu = tflops * 1e12 / io.peak_flops
-        if iteration % max(1, t.log_interval) == 0 or iteration == iters:  # the event log fsyncs: same cadence
-            io.emit("iteration", step=iteration, loss=repr(loss), grad_norm=repr(grad_norm), lr=repr(lr),
-                    consumed_samples=state.consumed_samples, seconds=elapsed)
-            io.log(format_iteration(
-                now=io.now(), iteration=iteration, train_iters=iters, consumed=state.consumed_samples,
-                elapsed_ms=elapsed * 1000.0, lr=lr, gbs=t.global_batch_size, loss=loss,
-                loss_scale=float(getattr(optimizer, "get_loss_scale", lambda: torch.tensor(1.0))().item()),
-                grad_norm=grad_norm, skipped=counters.skipped, nan=counters.nan, tflops=tflops, mfu=mfu,
-            ))
-        save_s = 0.0
-        if interval is None and iteration < iters:
-            save_s = io.save(state, "interval")
-            interval = io.resolve_auto(elapsed, save_s) if io.resolve_auto else 1
-        elif interval and iteration % interval == 0 and iteration < iters:
-            save_s = io.save(state, "interval")
-        if save_s > 0 and io.check_lead is not None:  # the first measured save: is the lead time enough?
-            io.check_lead(elapsed, save_s)
-            io.check_lead = None
+        meter.step_done(state, loss, grad_norm, skipped, elapsed)
+        ckpt.after_step(state, elapsed, iters)
     return LoopResult(state, "completed", 0)
+
+
+def inject_failure(fail_at_iter: Optional[int], iteration: int) -> None:
+    """``SLURMTRON_TEST_FAIL_AT_ITER``: raise at that iteration on every rank (a deterministic crash)."""
+    if fail_at_iter is not None and iteration == fail_at_iter:
+        raise InjectedFailure(f"SLURMTRON_TEST_FAIL_AT_ITER={fail_at_iter}: injected failure at iteration {iteration}")
 
 
 def _signame(signum: int) -> str:

@@ -1,0 +1,103 @@
+"""The distributed set-up every rank program shares (the training worker and the preflight).
+
+:func:`distributed` initialises torch.distributed (NCCL with CUDA, gloo without; the CPU shim
+without CUDA) and Megatron-Core's ``parallel_state`` for the job's layout, and tears both down
+at the end, whatever happened in between.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+from typing import Any, Iterator, NamedTuple
+
+
+class Device(NamedTuple):
+    """Where this rank computes."""
+
+    cuda: bool
+    device: Any  # torch.device
+
+
+def quiet_known_warnings() -> None:
+    """Megatron-Core warns once per rank and module that Apex/TE are absent; say it once, not 20 times."""
+    import warnings
+
+    for pattern in (".*Transformer Engine and Apex are not installed.*", ".*Apex is not installed.*",
+                    ".*CUDA_DEVICE_MAX_CONNECTIONS.*"):
+        warnings.filterwarnings("ignore", message=pattern)
+
+
+def init_distributed(job: Any, denv: Any, *, timeout_s: float, checkpoint_helpers: bool = False) -> Device:
+    """Join the process group of ``denv`` and build Megatron's parallel groups for ``job``.
+
+    ``checkpoint_helpers``: start dist_checkpointing's helper process now, with the stop
+    signals blocked (see :func:`start_checkpoint_helpers`).
+    """
+    import torch
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from launch import dist_env
+    from train import cpu_shim
+
+    quiet_known_warnings()
+    cuda = torch.cuda.is_available()
+    if not cuda:
+        cpu_shim.apply()
+    if denv.world_size != job.world_size:
+        raise ValueError(
+            f"{denv.world_size} ranks started but the job wants cluster.nodes * cluster.gpus_per_node = "
+            f"{job.cluster.nodes} * {job.cluster.gpus_per_node} = {job.world_size}"
+        )
+    if cuda:
+        torch.cuda.set_device(denv.local_rank)
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    dist.init_process_group(
+        backend=dist_env.backend(cuda), init_method=denv.init_method, rank=denv.rank,
+        world_size=denv.world_size, timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    if checkpoint_helpers:
+        start_checkpoint_helpers()
+    p = job.parallelism
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
+        virtual_pipeline_model_parallel_size=p.vpp, context_parallel_size=p.cp,
+        expert_model_parallel_size=p.ep,
+    )
+    return Device(cuda, device)
+
+
+def shutdown_distributed() -> None:
+    """Destroy Megatron's parallel groups and the process group (safe after a partial init)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def distributed(job: Any, denv: Any, *, timeout_s: float, checkpoint_helpers: bool = False) -> Iterator[Device]:
+    """:func:`init_distributed` for the ``with`` block, :func:`shutdown_distributed` after it."""
+    try:
+        yield init_distributed(job, denv, timeout_s=timeout_s, checkpoint_helpers=checkpoint_helpers)
+    finally:
+        shutdown_distributed()
+
+
+def start_checkpoint_helpers() -> None:
+    """Start dist_checkpointing's helper processes now, with the stop signals blocked.
+
+    Slurm signals every process of the job step, and Megatron-Core's writer-results queue lives
+    in a spawned Manager process that starts with the default action (terminate) for SIGTERM
+    and SIGUSR2. Started lazily inside the first save, it costs that save an interpreter boot
+    (seconds) and, started unprotected, it dies on the very preemption SIGTERM whose
+    checkpoint it must carry. Spawned under the mask, it inherits the mask and survives.
+    """
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    from recovery.signals import deferred
+
+    with deferred():
+        filesystem_async._get_write_results_queue()
