@@ -45,15 +45,70 @@ class SweepMember:
     job_num: int  # Hydra's hydra.job.num
     overrides: list[str] = field(default_factory=list)  # this member's task overrides
     name_swept: bool = False  # the sweep gives each member its own run.name (run.name=a,b,...)
+    label: str = ""  # the swept values of this member, e.g. tp4-pp2 (names the member's run)
+    outcomes: Optional[list] = None  # each member appends one row here: the sweep's summary table
+
+
+def member_label(overrides: list[str], swept: list[str]) -> str:
+    """``tp4-pp2`` for the member with ``parallelism.tp=4 parallelism.pp=2`` of a sweep over tp and pp."""
+    parts = []
+    for o in overrides:
+        key, _, value = o.lstrip("+~").partition("=")
+        if key in swept and key != "run.name":
+            clean = "".join(ch if ch.isalnum() or ch in ".-" else "_" for ch in value)
+            parts.append(f"{key.rsplit('.', 1)[-1]}{clean}")
+    return "-".join(parts)
 
 
 def member_job(job: Job, member: SweepMember) -> Job:
-    """Give a sweep member its own run name (``<name>_<layout>_<num>``) unless the sweep names
-    each member itself; a single run.name shared by all members is a prefix, not a collision."""
+    """Give a sweep member its own run name (``<name>_<swept values>``, e.g. ``7b_tp4-pp2``) unless
+    the sweep names each member itself; a single run.name shared by all members is a prefix."""
     if member.name_swept:
         return job
-    name = f"{job.run.name}_{job.parallelism.name}_{member.job_num}"
+    name = f"{job.run.name}_{member.label or member.job_num}"
     return replace(job, run=replace(job.run, name=name))
+
+
+def _layout(job: Job) -> str:
+    from launch.planner.estimate import layout_name
+
+    return f"{layout_name(job.parallelism)}-dp{job.dp}"
+
+
+def _mesh(job: Job) -> dict:
+    p = job.parallelism
+    return {"tp": p.tp, "pp": p.pp, "vpp": p.vpp, "cp": p.cp, "ep": p.ep, "dp": job.dp, "nodes": job.cluster.nodes,
+            "gpus_per_node": job.cluster.gpus_per_node, "world": job.world_size,
+            "sequence_parallel": p.sequence_parallel, "recompute": p.recompute}
+
+
+def _outcome(job: Job, member: Optional[SweepMember], status: str, detail: str = "", job_id: str = "") -> None:
+    if member is not None and member.outcomes is not None:
+        member.outcomes.append({"member": job.run.name, "layout": _layout(job), "status": status,
+                                "detail": detail, "job_id": job_id})
+
+
+def _estimate_note(job: Job) -> str:
+    est = _estimate(job)
+    if not isinstance(est, dict) or "error" in est:
+        return ""
+    parts = [f"{est['memory_gb_per_gpu']:.1f} GiB/GPU"]
+    if est.get("step_time_s"):
+        parts.append(f"{est['step_time_s']:.3g} s/step")
+    if est.get("mfu") is not None and job.cluster.gpu != "cpu":
+        parts.append(f"MFU {100 * est['mfu']:.1f}%")
+    if est.get("gpu_hours_total") is not None and job.cluster.gpu != "cpu":
+        parts.append(f"{est['gpu_hours_total']:,.0f} GPU-h")
+    return ", ".join(parts)
+
+
+def sweep_table(rows: list[dict]) -> str:
+    """One line per member: name, layout, status, job id, the estimate or the first reason."""
+    head = ("member", "layout", "status", "job", "estimate or reason")
+    table = [head] + [(r["member"], r["layout"], r["status"], r["job_id"] or "-", r["detail"]) for r in rows]
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(head) - 1)]
+    return "\n".join("  ".join([str(v).ljust(w) for v, w in zip(row[:-1], widths)] + [str(row[-1])]).rstrip()
+                     for row in table)
 
 
 def shape_problems(job: Job, run_dir: Path) -> list[Problem]:
@@ -142,7 +197,8 @@ def record_member(job: Job, member: SweepMember, *, status: str, run_dir: Path, 
     path = Path(job.cluster.run_root) / "sweeps" / f"{member.sweep_id}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     entry = {"sweep_id": member.sweep_id, "job_num": member.job_num, "time": clock(), "run_name": job.run.name,
-             "run_dir": str(run_dir), "job_id": job_id, "layout": job.parallelism.name,
+             "run_dir": str(run_dir), "job_id": job_id, "layout": _layout(job), "mesh": _mesh(job),
+             "recipe": job.parallelism.name,
              "overrides": list(member.overrides), "status": status, "reasons": reasons or []}
     if status == "submitted":
         est = _estimate(job)
@@ -201,8 +257,13 @@ def main(cfg: DictConfig, *, runner: Callable[..., Any] = subprocess.run, out: T
         for line in warnings:
             print(line, file=err)
     if problems:
+        if sweep is not None:
+            print(f"sweep member {job.run.name} ({_layout(job)}):", file=err)
         print(format_problems(problems), file=err)
         if sweep is not None:
+            first = problems[0]
+            _outcome(job, sweep, "refused", f"{first.field}: {first.message}"
+                     + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""))
             if not job.dry_run:
                 record_member(job, sweep, status="refused", run_dir=run_dir, reasons=[str(p) for p in problems])
             return 0  # a sweep skips an invalid combination and goes on with the next
@@ -212,6 +273,7 @@ def main(cfg: DictConfig, *, runner: Callable[..., Any] = subprocess.run, out: T
     # the composed DictConfig prints 5x faster than re-structuring the Job; same text when unchanged
     text = literal_dollars(cfg, OmegaConf.to_yaml(cfg, resolve=True)) if job is composed else job_to_yaml(job)
     if job.dry_run:
+        _outcome(job, sweep, "ok (dry run)", _estimate_note(job))
         return _dry_run(job, run_dir, text, out, None if sweep else err)
     from launch.submit import RunDirSnapshot, SubmitError, submit
     from recovery.identity import ensure_run_id
@@ -241,6 +303,7 @@ def main(cfg: DictConfig, *, runner: Callable[..., Any] = subprocess.run, out: T
             before.restore()
             print(f"submission failed: {exc}; nothing was submitted or written", file=err)
         if sweep is not None:
+            _outcome(job, sweep, "failed", str(exc))
             record_member(job, sweep, status="failed", run_dir=run_dir, reasons=[str(exc)])
             return 0
         return EXIT_SUBMIT_FAILED
@@ -251,6 +314,7 @@ def main(cfg: DictConfig, *, runner: Callable[..., Any] = subprocess.run, out: T
 
         print(summary(job, run_dir, job_ids=[s.job_id for s in subs if s.job_id]), file=out)
     if sweep is not None:
+        _outcome(job, sweep, "submitted", _estimate_note(job), subs[0].job_id or "")
         record_member(job, sweep, status="submitted", run_dir=run_dir, job_id=subs[0].job_id)
     return 0
 
@@ -273,7 +337,7 @@ def _dry_run(job: Job, run_dir: Path, config_yaml: str, out: TextIO, err: Option
     return 0
 
 
-def quiet_hydra_overrides(argv: list[str], sweep_id: str) -> list[str]:
+def quiet_hydra_overrides(argv: list[str], sweep_id: str, scratch_dir: str = "") -> list[str]:
     """Hydra defaults for a login-node tool: no outputs/ or multirun/ folders, no log files.
 
     The run directory is the record of a run; Hydra's own output folders would only litter
@@ -281,22 +345,30 @@ def quiet_hydra_overrides(argv: list[str], sweep_id: str) -> list[str]:
     Hydra's ``multirun.yaml`` beside its registry, in ``<run_root>/sweeps/<sweep id>/``.
     A user override of the same key wins (it is not added).
     """
+    dry = any(a.lstrip("+") in ("dry_run=true", "dry_run=True", "dry_run=1") for a in argv)
+    sweep_dir = (scratch_dir or "${cluster.run_root}/sweeps/" + sweep_id) if dry else \
+        "${cluster.run_root}/sweeps/" + sweep_id  # a dry run writes nothing: Hydra's record goes to scratch
     wanted = {"hydra.output_subdir": "null", "hydra.run.dir": ".",
-              "hydra.sweep.dir": "${cluster.run_root}/sweeps/" + sweep_id, "hydra.sweep.subdir": ".",
+              "hydra.sweep.dir": sweep_dir, "hydra.sweep.subdir": ".",
               "hydra/job_logging": "disabled", "hydra/hydra_logging": "disabled"}
     given = {a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a}
     return [f"{k}={v}" for k, v in wanted.items() if k not in given]
 
 
-def run_name_swept(argv: list[str]) -> bool:
-    """Does the command line sweep over run.name (``run.name=a,b`` or a sweep function)?"""
+def swept_keys(argv: list[str]) -> list[str]:
+    """The keys the command line sweeps over (``parallelism.tp=2,4`` or a sweep function), in order."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     overrides = OverridesParser.create().parse_overrides([a for a in argv if "=" in a and not a.startswith("-")])
-    return any(o.key_or_group == "run.name" and o.is_sweep_override() for o in overrides)
+    return [o.key_or_group for o in overrides if o.is_sweep_override()]
 
 
-def sweep_member(sweep_id: str, argv: list[str]) -> Optional[SweepMember]:
+def run_name_swept(argv: list[str]) -> bool:
+    """Does the command line sweep over run.name (``run.name=a,b`` or a sweep function)?"""
+    return "run.name" in swept_keys(argv)
+
+
+def sweep_member(sweep_id: str, argv: list[str], outcomes: Optional[list] = None) -> Optional[SweepMember]:
     """This Hydra job's place in a multirun, or None for a single run."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -304,8 +376,10 @@ def sweep_member(sweep_id: str, argv: list[str]) -> Optional[SweepMember]:
     hc = HydraConfig.get()
     if hc.mode != RunMode.MULTIRUN:
         return None
-    return SweepMember(sweep_id=sweep_id, job_num=int(hc.job.num), overrides=list(hc.overrides.task),
-                       name_swept=run_name_swept(argv))
+    swept = swept_keys(argv)
+    task = list(hc.overrides.task)
+    return SweepMember(sweep_id=sweep_id, job_num=int(hc.job.num), overrides=task,
+                       name_swept="run.name" in swept, label=member_label(task, swept), outcomes=outcomes)
 
 
 def skip_hydra_mode_probe(argv: list[str]) -> None:
@@ -333,13 +407,31 @@ if __name__ == "__main__":
     # beside the user's overrides: argparse wants the positional overrides in one run
     _sweep_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{os.getpid()}"
     _at = next((i for i, a in enumerate(sys.argv) if i and "=" in a and not a.startswith("-")), len(sys.argv))
-    sys.argv[_at:_at] = quiet_hydra_overrides(sys.argv[1:], _sweep_id)
+    import shutil
+    import tempfile
+
+    _multirun = any(a in ("-m", "--multirun") for a in sys.argv[1:])
+    _scratch = tempfile.mkdtemp(prefix="slurmtron-dry-sweep-") if _multirun else ""
+    sys.argv[_at:_at] = quiet_hydra_overrides(sys.argv[1:], _sweep_id, _scratch)
     skip_hydra_mode_probe(sys.argv[1:])
     _rc = [0]
+    _outcomes: list = []
+    _roots: list = []
 
     @hydra.main(config_path="../hydra_conf", config_name="config", version_base="1.3")
     def _entry(cfg: DictConfig) -> None:
-        _rc[0] = main(cfg, sweep=sweep_member(_sweep_id, sys.argv[1:]))
+        _roots.append((str(cfg.cluster.run_root), bool(cfg.dry_run)))
+        _rc[0] = main(cfg, sweep=sweep_member(_sweep_id, sys.argv[1:], _outcomes))
 
-    _entry()
+    try:
+        _entry()
+    finally:
+        if _scratch:
+            shutil.rmtree(_scratch, ignore_errors=True)
+    if _outcomes:
+        sys.stdout.flush()
+        print(f"\nsweep {_sweep_id}: {len(_outcomes)} member(s)\n{sweep_table(_outcomes)}", file=sys.stderr)
+        if _roots and not _roots[-1][1]:
+            print(f"registry: {Path(_roots[-1][0]).absolute() / 'sweeps' / (_sweep_id + '.jsonl')}\n"
+                  f"status:   python launch/status.py cluster.run_root={_roots[-1][0]} {_sweep_id}", file=sys.stderr)
     sys.exit(_rc[0])

@@ -80,12 +80,27 @@ def test_multirun_skips_invalid_members_submits_valid_ones_and_keeps_a_registry(
     assert (runs / "sweeps" / registry.stem / "multirun.yaml").exists()  # Hydra's record, beside the registry
     rows = [json.loads(line) for line in registry.read_text().splitlines()]
     assert [(r["job_num"], r["status"]) for r in rows] == [(0, "submitted"), (1, "refused"), (2, "submitted")]
-    assert [r["run_name"] for r in rows] == ["7b_7b_0", "7b_7b_1", "7b_7b_2"]
+    assert [r["run_name"] for r in rows] == ["7b_tp2", "7b_tp3", "7b_tp4"]  # named by the swept values
+    assert rows[0]["layout"].startswith("tp2-pp1") and rows[0]["mesh"]["tp"] == 2 and rows[0]["mesh"]["dp"] == 64
     assert rows[0]["job_id"] == "777" and rows[0]["overrides"][-1] == "parallelism.tp=2"
     assert any("model.num_attention_heads" in reason for reason in rows[1]["reasons"])
-    assert (runs / "7b_7b_0" / "sbatch.sh").exists() and not (runs / "7b_7b_1").exists()
+    assert (runs / "7b_tp2" / "sbatch.sh").exists() and not (runs / "7b_tp3").exists()
+    assert "sweep member 7b_tp3 (tp3-pp1" in proc.stderr  # the refusal says which member
+    table = proc.stderr[proc.stderr.index(f"sweep {registry.stem}: 3 member(s)"):]
+    assert "7b_tp2" in table and "submitted  777" in table and "refused" in table and "MFU" in table
+    assert f"registry: {registry}" in table and f"status.py cluster.run_root={runs} {registry.stem}" in table
     assert len((tmp_path / "calls").read_text().splitlines()) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "calls", "runs"]  # no multirun/ folder
+
+
+def test_a_dry_run_sweep_writes_nothing_and_ends_with_a_table(tmp_path):
+    runs = tmp_path / "runs"
+    proc = run_cli([str(PRETRAIN), "-m", "cluster=lustre", "model=7b", f"cluster.run_root={runs}", "dry_run=true",
+                    "parallelism.tp=2,3"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert list(tmp_path.iterdir()) == []  # no registry, no multirun.yaml, no run directory
+    assert "7b_tp2" in proc.stderr and "ok (dry run)" in proc.stderr and "refused" in proc.stderr
+    assert "registry:" not in proc.stderr
 
 
 def _cfg(overrides):
@@ -115,8 +130,11 @@ def test_dry_run_of_every_valid_model_cluster_pair(cluster, tmp_path):
 
 def test_member_names():
     job = to_job(_cfg(["cluster=lustre", "model=7b", "run.name=exp"]))
-    shared = pretrain.SweepMember("s", 3, ["run.name=exp", "parallelism.tp=4"])
-    assert pretrain.member_job(job, shared).run.name == "exp_7b_3"  # a shared name is a prefix
+    task = ["run.name=exp", "parallelism.tp=4", "parallelism.pp=2", "cluster=lustre"]
+    label = pretrain.member_label(task, pretrain.swept_keys(["-m", "parallelism.tp=2,4", "parallelism.pp=1,2"]))
+    assert label == "tp4-pp2"
+    shared = pretrain.SweepMember("s", 3, task, label=label)
+    assert pretrain.member_job(job, shared).run.name == "exp_tp4-pp2"  # a shared name is a prefix
     own = pretrain.SweepMember("s", 3, ["run.name=exp"], name_swept=True)
     assert pretrain.member_job(job, own).run.name == "exp"
     assert pretrain.run_name_swept(["-m", "run.name=a,b", "parallelism.tp=1,2"])
