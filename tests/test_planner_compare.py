@@ -49,4 +49,13 @@ def test_cli(tmp_path):
     lines: list[str] = []
     assert main([str(_registry(tmp_path))], out=lines.append) == 0
     assert "tp8-pp4-sp" in lines[0]
+    assert "median |error| 10.0%" in lines[1] and "within the planner's stated error" in lines[1]
     assert main([str(tmp_path / "missing.jsonl")], out=lines.append) == 2
+
+
+def test_calibration_line_asks_for_a_refit_beyond_the_stated_error():
+    import pandas as pd
+
+    from launch.planner.compare import calibration_line
+    assert "refit" in calibration_line(pd.DataFrame({"est_over_meas": [0.7, 0.75, 1.0]}))
+    assert calibration_line(pd.DataFrame({"est_over_meas": [None]})) == ""

@@ -3,8 +3,11 @@
 ``python -m launch.planner.compare <run_root>/sweeps/<id>.jsonl`` reads the sweep registry that
 ``launch/pretrain.py -m`` writes (one JSON line per member: job id, run dir, layout, status,
 and the planner's estimate for submitted ones), parses each run's iteration lines with
-``analysis.parse_megatron`` and prints estimated vs measured step time and MFU. This is how the
-planner is kept honest: a sweep of short benchmark jobs is its calibration data.
+``analysis.parse_megatron`` and prints estimated vs measured step time and MFU, then one line with
+the median and worst error against the planner's stated bars (``launch/planner/accuracy.py``) and
+whether the site's ``cluster.*`` constants need refitting. This is how the planner is kept honest:
+a sweep of short benchmark jobs is its calibration data (how to fit each constant:
+``launch/planner/steptime.py``, "Calibration").
 
 Measured step time is the median ``elapsed time per iteration`` after the warm-up iterations.
 Measured MFU is what the log prints; when a log has no MFU field it is the estimate scaled by
@@ -110,7 +113,30 @@ def main(argv: Sequence[str] | None = None, out=print) -> int:
         out(f"{args.registry}: no entries")
         return 0
     out(df.to_string(index=False, float_format=lambda x: f"{x:.4g}", na_rep="-"))
+    line = calibration_line(df)
+    if line:
+        out(line)
     return 0
+
+
+def calibration_line(df: "Any") -> str:
+    """One line against the planner's stated error: the median and worst estimated / measured step
+    time over the measured members, and whether the site's ``cluster.*`` constants need refitting
+    (see ``launch/planner/steptime.py``, "Calibration")."""
+    from launch.planner.accuracy import STEP_TIME_MEDIAN, STEP_TIME_WORST
+
+    ratios = [r for r in df["est_over_meas"].dropna()] if "est_over_meas" in df else []
+    if not ratios:
+        return ""
+    errors = sorted(abs(r - 1) for r in ratios)
+    median = errors[len(errors) // 2] if len(errors) % 2 else (errors[len(errors) // 2 - 1] + errors[len(errors) // 2]) / 2
+    ok = median <= STEP_TIME_MEDIAN and errors[-1] <= STEP_TIME_WORST
+    verdict = ("within the planner's stated error" if ok else
+               "outside the planner's stated error: refit this site's cluster.* constants "
+               "(achievable_fraction, latencies, step_overhead_s, step_jitter; launch/planner/steptime.py)")
+    return (f"estimated / measured step time over {len(ratios)} measured layout(s): median |error| "
+            f"{100 * median:.1f}%, worst {100 * errors[-1]:.1f}% (bars {100 * STEP_TIME_MEDIAN:.0f}% / "
+            f"{100 * STEP_TIME_WORST:.0f}%): {verdict}")
 
 
 if __name__ == "__main__":
