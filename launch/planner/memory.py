@@ -312,7 +312,7 @@ def memory_warnings(job: Job) -> list[str]:
     return [f"WARNING: estimated memory per GPU {worst.total:.1f} GiB is {side} cluster.gpu_memory_gb "
             f"{c.gpu_memory_gb:g} but inside the planner's error band ({low:.1f}..{high:.1f} GiB: -"
             f"{100 * MEMORY_UNDER:.0f}%/+{100 * MEMORY_OVER:.0f}% in its validation), so it may or may not fit "
-            f"(stage {worst.stage}: {format_breakdown(worst)}). Run launch/preflight.py on this layout first and "
+            f"({format_breakdown(worst)}). Run launch/preflight.py on this layout first and "
             "watch the peak memory of the worst stage's ranks (torch.cuda.max_memory_reserved, or nvidia-smi) and "
             "any CUDA out-of-memory in the rank logs; parallelism=auto lists layouts with more headroom"]
 
