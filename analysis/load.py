@@ -21,6 +21,7 @@ from analysis.parse_megatron import (
 )
 from analysis.parse_slurm import parse_sacct_file
 from analysis.signatures import parse_signature_text
+from launch.paths import RunPaths
 
 __all__ = ["RunInputs", "load_paths", "parse_log_file", "read_config"]
 
@@ -138,11 +139,11 @@ def load_paths(paths: list[str | os.PathLike], chunk_bytes: int = DEFAULT_CHUNK_
     loose: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            if (p / "config.yaml").exists() or (p / "logs").is_dir():
+            if _is_run_dir(p):
                 runs.append(_parse_run_dir(p, chunk_bytes))
             else:
                 for sub in sorted(q for q in p.iterdir() if q.is_dir()):
-                    if (sub / "config.yaml").exists() or (sub / "logs").is_dir():
+                    if _is_run_dir(sub):
                         runs.append(_parse_run_dir(sub, chunk_bytes))
         elif p.is_file():
             loose.append(p)
@@ -153,10 +154,16 @@ def load_paths(paths: list[str | os.PathLike], chunk_bytes: int = DEFAULT_CHUNK_
     return runs
 
 
+def _is_run_dir(d: Path) -> bool:
+    paths = RunPaths.of(d)
+    return paths.config.exists() or paths.logs.is_dir()
+
+
 def _parse_run_dir(d: Path, chunk_bytes: int) -> RunInputs:
-    files = sorted(f for f in (d / "logs").glob("*") if f.is_file()) if (d / "logs").is_dir() else []
-    if (d / "events.jsonl").is_file():
-        files.append(d / "events.jsonl")
+    paths = RunPaths.of(d)
+    files = sorted(f for f in paths.logs.glob("*") if f.is_file()) if paths.logs.is_dir() else []
+    if paths.events.is_file():
+        files.append(paths.events)
     # sacct dumps: any top-level text file whose first line is a sacct header (sacct.txt, sacct_D.txt ...)
     files += [f for f in sorted(d.iterdir()) if f.is_file() and f.suffix in (".txt", ".psv", "") and _is_sacct(f)]
-    return _parse(d.name, files, read_config(d / "config.yaml"), chunk_bytes)
+    return _parse(d.name, files, read_config(paths.config), chunk_bytes)

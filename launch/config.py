@@ -7,12 +7,15 @@ wrong type fails before anything is checked or rendered.
 Field names follow Megatron-LM's argument names for the model (``num_layers``,
 ``hidden_size``, ...) so users can paste values from Megatron recipes. Parallelism uses
 short names (``tp``, ``pp``, ...). ``dp`` is never configured: it is derived from the world
-size (see :func:`Job.dp`).
+size (see :func:`Job.dp`). Every derived value (``dp``, microbatches per step, the run's
+iterations, the padded vocabulary, the layout label, the periodic checkpoint interval) is a
+property here, computed in one place for the check, the planner, the renderer and the ranks.
 
 This module must stay importable on a login node: no torch, no megatron.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -21,6 +24,7 @@ from typing import Any, Dict, List, Optional, Union
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from launch import vocab
 from launch.paths import RunPaths
 
 
@@ -86,6 +90,26 @@ class ParallelismConfig:
     allow_tp_across_nodes: bool = False  # permit tp > gpus_per_node (slow: TP traffic on IB)
     account_for_embedding_in_pipeline_split: bool = False  # count the embedding as a layer of stage 0
     account_for_loss_in_pipeline_split: bool = False  # count the output layer + loss as a layer of the last stage
+
+    @property
+    def label(self) -> str:
+        """Short label of a layout: ``tp8-pp8-vpp2-sp-sel`` (cp, ep, full, no-dopt when they apply)."""
+        parts = [f"tp{self.tp}", f"pp{self.pp}"]
+        if self.vpp and self.pp > 1:
+            parts.append(f"vpp{self.vpp}")
+        if self.cp > 1:
+            parts.append(f"cp{self.cp}")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        if self.sequence_parallel:
+            parts.append("sp")
+        if self.recompute == "selective":
+            parts.append("sel")
+        elif self.recompute == "full":
+            parts.append("full")
+        if not self.distributed_optimizer:
+            parts.append("nodo")
+        return "-".join(parts)
 
 
 @dataclass
@@ -164,6 +188,18 @@ class TrainingConfig:
     zero_progress_restarts: int = 3  # stop after N consecutive restarts with no new checkpoint
     requeue_on_crash: bool = True  # Slurm: requeue a crashed attempt (bounded by the two limits above)
 
+    @property
+    def checkpoint_interval_is_auto(self) -> bool:
+        """``checkpoint_interval='auto'`` (any case, spaces ignored): Young/Daly after a measured step and save."""
+        ci = self.checkpoint_interval
+        return isinstance(ci, str) and ci.strip().lower() == "auto"
+
+    @property
+    def fixed_checkpoint_interval(self) -> Optional[int]:
+        """The configured steps between periodic saves; None for 'auto' or an invalid value (the check refuses it)."""
+        ci = self.checkpoint_interval
+        return ci if isinstance(ci, int) and not isinstance(ci, bool) and ci > 0 else None
+
 
 @dataclass
 class DataConfig:
@@ -230,6 +266,33 @@ class Job:
         """Data-parallel size as Megatron derives it: world // (tp * pp * cp)."""
         mp = self.parallelism.tp * self.parallelism.pp * self.parallelism.cp
         return self.world_size // mp if mp > 0 else 0
+
+    @property
+    def num_microbatches(self) -> int:
+        """Gradient-accumulation steps per optimizer step: gbs // (mbs * dp) (floored; 0 when there is no dp rank)."""
+        denom = self.training.micro_batch_size * self.dp
+        return self.training.global_batch_size // denom if denom > 0 else 0
+
+    @property
+    def iterations(self) -> Optional[int]:
+        """Optimizer steps of the run: ceil(train_tokens / (gbs * seq)) when train_tokens is set (it wins),
+        else train_iters; None when neither is set (the check refuses that)."""
+        t = self.training
+        if t.train_tokens is not None:
+            per_step = t.global_batch_size * self.model.seq_length
+            return max(1, math.ceil(t.train_tokens / per_step)) if per_step > 0 else None
+        return t.train_iters
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """The vocabulary the ranks build: a multiple of lcm(make_vocab_size_divisible_by, tp) (launch/vocab.py)."""
+        m = self.model
+        return vocab.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, self.parallelism.tp)
+
+    @property
+    def layout_label(self) -> str:
+        """``tp8-pp8-vpp2-sp-sel``: the layout as reports, sweeps and the planner name it."""
+        return self.parallelism.label
 
     @property
     def run_dir(self) -> str:

@@ -20,6 +20,7 @@ if __package__ in (None, ""):  # python launch/plan.py: make the repository impo
 
 from omegaconf import DictConfig  # noqa: E402
 
+from launch.check import check  # noqa: E402
 from launch.compose import to_job  # noqa: E402
 from launch.config import Job  # noqa: E402
 from launch.planner import estimate, memory_warnings  # noqa: E402
@@ -77,8 +78,6 @@ def plan(job: Job) -> tuple[str, int]:
     refuses the job (memory, budget, lead time, mesh ...) or no layout fits; 2:
     the job is too broken to estimate (the problems are printed instead).
     """
-    from launch.check import check  # lazily: the check imports the planner too
-
     as_json = job.plan.format == "json"
     table = ""
     if job.parallelism.name == "auto":
@@ -128,14 +127,6 @@ def main(cfg: Union[DictConfig, Job], out: Callable[[str], None] = print) -> int
 
 
 if __name__ == "__main__":
-    import hydra
+    from launch.entry import hydra_entry
 
-    from launch.config import register_configs
-
-    register_configs()
-
-    @hydra.main(config_path="../hydra_conf", config_name="config", version_base="1.3")
-    def _hydra_main(cfg: DictConfig) -> None:
-        sys.exit(main(cfg))
-
-    _hydra_main()
+    sys.exit(hydra_entry(lambda cfg, _sweep_id: main(cfg)))

@@ -184,7 +184,7 @@ def finish(run_dir: Path, pf_dir: Path, codes: Sequence[Optional[int]], out: Tex
         report = None
     if report is None or any(c != 0 for c in codes):
         why = (f"ranks exited {list(codes)} (None = killed at the time limit); "
-               f"see {pf_dir / 'logs'}/rank*.out and reference.out")
+               f"see {RunPaths.of(pf_dir).logs}/rank*.out and reference.out")
         checks = (report.checks if report else []) + [run_failed(why)]
         report = Report(checks=checks, world_size=len(codes))
         write_report(run_dir, report)

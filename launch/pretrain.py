@@ -13,7 +13,6 @@ This path runs on login nodes: it must never import torch or megatron (tested in
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -28,10 +27,12 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException  # noqa: E402
 
-from launch.check import _optional, check, notes, submission_problems  # noqa: E402
+from launch import planner  # noqa: E402
+from launch.check import check, notes, submission_problems  # noqa: E402
 from launch.compose import config_error, job_to_yaml, literal_dollars, load_job, to_job, unknown_keys  # noqa: E402
 from launch.config import Job  # noqa: E402
 from launch.problems import Problem, format_problems  # noqa: E402
+from recovery.slurm import Runner, default_runner  # noqa: E402
 
 EXIT_REFUSED = 2
 EXIT_SUBMIT_FAILED = 1
@@ -70,9 +71,7 @@ def member_job(job: Job, member: SweepMember) -> Job:
 
 
 def _layout(job: Job) -> str:
-    from launch.planner.estimate import layout_name
-
-    return f"{layout_name(job.parallelism)}-dp{job.dp}"
+    return f"{job.layout_label}-dp{job.dp}"
 
 
 def _mesh(job: Job) -> dict:
@@ -113,7 +112,7 @@ def sweep_table(rows: list[dict]) -> str:
 
 def shape_problems(job: Job, run_dir: Path) -> list[Problem]:
     """Same run name = same run: continuing is allowed, a different model shape is not."""
-    path = run_dir / "config.yaml"
+    path = job.paths_at(run_dir).config
     if not path.exists():
         return []
     try:
@@ -179,9 +178,6 @@ def _commented(text: str) -> str:
 
 
 def _estimate(job: Job) -> Any:
-    planner = _optional("launch.planner")
-    if planner is None or not hasattr(planner, "estimate"):
-        return None
     try:
         est = planner.estimate(job)
     except Exception as exc:  # an estimate is informative only; never block the registry on it
@@ -209,7 +205,7 @@ def record_member(job: Job, member: SweepMember, *, status: str, run_dir: Path, 
     return path
 
 
-def main(cfg: DictConfig, *, runner: Callable[..., Any] = subprocess.run, out: TextIO = sys.stdout,
+def main(cfg: DictConfig, *, runner: Runner = default_runner, out: TextIO = sys.stdout,
          err: TextIO = sys.stderr, sweep: Optional[SweepMember] = None) -> int:
     """Check, then dry-run / run locally / submit one composed job; returns the exit code.
 
@@ -230,11 +226,6 @@ def main(cfg: DictConfig, *, runner: Callable[..., Any] = subprocess.run, out: T
         print(f"refused: {config_error(exc)}; nothing was submitted", file=err)
         return refused
     if job.parallelism.name == "auto":
-        planner = _optional("launch.planner")
-        if planner is None or not hasattr(planner, "choose_layout"):
-            print("refused: parallelism=auto needs launch/planner.py (choose_layout); pick a layout instead",
-                  file=err)
-            return 0 if sweep else EXIT_REFUSED
         try:
             job, table = planner.choose_layout(job)
         except ValueError as exc:  # NoLayoutFits: its message carries the ranked table
@@ -327,7 +318,7 @@ def _dry_run(job: Job, run_dir: Path, config_yaml: str, out: TextIO, err: Option
         from launch.render import render
 
         print(render(job, run_dir), end="", file=out)
-    print(f"# ---- composed config ({run_dir}/config.yaml); dry run: nothing written or submitted ----", file=out)
+    print(f"# ---- composed config ({job.paths_at(run_dir).config}); dry run: nothing written or submitted ----", file=out)
     print(_commented(config_yaml), file=out)
     if err is not None:  # the summary goes to stderr: stdout stays a script that `bash -n` accepts
         from launch.summary import summary
@@ -335,24 +326,6 @@ def _dry_run(job: Job, run_dir: Path, config_yaml: str, out: TextIO, err: Option
         out.flush()
         print(f"dry run of {job.run.name}:\n{summary(job, run_dir)}", file=err)
     return 0
-
-
-def quiet_hydra_overrides(argv: list[str], sweep_id: str, scratch_dir: str = "") -> list[str]:
-    """Hydra defaults for a login-node tool: no outputs/ or multirun/ folders, no log files.
-
-    The run directory is the record of a run; Hydra's own output folders would only litter
-    the working directory (and be written even when the job is refused). A multirun keeps
-    Hydra's ``multirun.yaml`` beside its registry, in ``<run_root>/sweeps/<sweep id>/``.
-    A user override of the same key wins (it is not added).
-    """
-    dry = any(a.lstrip("+") in ("dry_run=true", "dry_run=True", "dry_run=1") for a in argv)
-    sweep_dir = (scratch_dir or "${cluster.run_root}/sweeps/" + sweep_id) if dry else \
-        "${cluster.run_root}/sweeps/" + sweep_id  # a dry run writes nothing: Hydra's record goes to scratch
-    wanted = {"hydra.output_subdir": "null", "hydra.run.dir": ".",
-              "hydra.sweep.dir": sweep_dir, "hydra.sweep.subdir": ".",
-              "hydra/job_logging": "disabled", "hydra/hydra_logging": "disabled"}
-    given = {a.split("=", 1)[0].lstrip("+~") for a in argv if "=" in a}
-    return [f"{k}={v}" for k, v in wanted.items() if k not in given]
 
 
 def swept_keys(argv: list[str]) -> list[str]:
@@ -382,56 +355,22 @@ def sweep_member(sweep_id: str, argv: list[str], outcomes: Optional[list] = None
                        name_swept="run.name" in swept, label=member_label(task, swept), outcomes=outcomes)
 
 
-def skip_hydra_mode_probe(argv: list[str]) -> None:
-    """Skip the extra composition ``@hydra.main`` runs only to read ``hydra.mode``.
-
-    Hydra 1.3 composes the whole config twice: once to look up ``hydra.mode`` and once to run.
-    Our configs never set ``hydra.mode``, so unless the command line does, the answer is "the
-    default" (RUN, or MULTIRUN with ``-m``), which is what Hydra does when the probe returns
-    None. This saves about a third of the dry run's wall time (benchmarks/bench_dry_run.py).
-    """
-    if any(a.lstrip("+~").startswith("hydra.mode=") for a in argv):
-        return
-    from hydra._internal.hydra import Hydra
-
-    if hasattr(Hydra, "get_mode"):
-        Hydra.get_mode = lambda self, config_name, overrides: None  # type: ignore[method-assign]
-
-
 if __name__ == "__main__":
-    import hydra
+    from launch.entry import hydra_entry, new_sweep_id
 
-    from launch.config import register_configs
-
-    register_configs()
-    # beside the user's overrides: argparse wants the positional overrides in one run
-    _sweep_id = time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + f"-{os.getpid()}"
-    _at = next((i for i, a in enumerate(sys.argv) if i and "=" in a and not a.startswith("-")), len(sys.argv))
-    import shutil
-    import tempfile
-
-    _multirun = any(a in ("-m", "--multirun") for a in sys.argv[1:])
-    _scratch = tempfile.mkdtemp(prefix="slurmtron-dry-sweep-") if _multirun else ""
-    sys.argv[_at:_at] = quiet_hydra_overrides(sys.argv[1:], _sweep_id, _scratch)
-    skip_hydra_mode_probe(sys.argv[1:])
-    _rc = [0]
+    _sweep_id = new_sweep_id()
     _outcomes: list = []
     _roots: list = []
 
-    @hydra.main(config_path="../hydra_conf", config_name="config", version_base="1.3")
-    def _entry(cfg: DictConfig) -> None:
+    def _run(cfg: DictConfig, sweep_id: str) -> int:
         _roots.append((str(cfg.cluster.run_root), bool(cfg.dry_run)))
-        _rc[0] = main(cfg, sweep=sweep_member(_sweep_id, sys.argv[1:], _outcomes))
+        return main(cfg, sweep=sweep_member(sweep_id, sys.argv[1:], _outcomes))
 
-    try:
-        _entry()
-    finally:
-        if _scratch:
-            shutil.rmtree(_scratch, ignore_errors=True)
+    _rc = hydra_entry(_run, _sweep_id)
     if _outcomes:
         sys.stdout.flush()
         print(f"\nsweep {_sweep_id}: {len(_outcomes)} member(s)\n{sweep_table(_outcomes)}", file=sys.stderr)
         if _roots and not _roots[-1][1]:
             print(f"registry: {Path(_roots[-1][0]).absolute() / 'sweeps' / (_sweep_id + '.jsonl')}\n"
                   f"status:   python launch/status.py cluster.run_root={_roots[-1][0]} {_sweep_id}", file=sys.stderr)
-    sys.exit(_rc[0])
+    sys.exit(_rc)

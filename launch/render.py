@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from launch.config import Job
+from launch.paths import RunPaths
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "sbatch_templates"
 CODE_DIR = Path(__file__).resolve().parent.parent
-FAILED_NODES_FILE = "failed_nodes.json"
 _HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-\[\],]*$")
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 
@@ -60,7 +60,7 @@ def read_failed_nodes(run_dir: str | Path) -> list[str]:
     entries that are not plain host names are skipped (they go into an #SBATCH line).
     """
     try:
-        data = json.loads((Path(run_dir) / FAILED_NODES_FILE).read_text())
+        data = json.loads(RunPaths.of(run_dir).failed_nodes.read_text())
     except (OSError, ValueError):
         return []
     if not isinstance(data, list):
@@ -96,7 +96,7 @@ def srun_args(job: Job, run_dir: str | Path) -> list[str]:
         f"--ntasks-per-node={c.gpus_per_node}",
         f"--cpus-per-task={max(1, c.cpus_per_node // max(1, c.gpus_per_node))}",
         "--open-mode=append",
-        f"--output={run_dir}/logs/%j_%t.out",
+        f"--output={RunPaths.of(run_dir).logs}/%j_%t.out",
     ]
     if c.container.image:
         args.append(f"--container-image={c.container.image}")
@@ -110,7 +110,7 @@ def srun_args(job: Job, run_dir: str | Path) -> list[str]:
 def sbatch_params(job: Job, run_dir: str | Path, failed_nodes: Sequence[str], dependency: Optional[str]) -> dict:
     """Keyword arguments for submitit's ``_make_sbatch_string`` (None drops a flag)."""
     c, r = job.cluster, job.run
-    extra: dict[str, Any] = {"output": f"{run_dir}/logs/%j_batch.out"}
+    extra: dict[str, Any] = {"output": f"{RunPaths.of(run_dir).logs}/%j_batch.out"}
     extra["requeue" if c.requeue_allowed else "no-requeue"] = True
     extra.update({k: str(v) for k, v in c.sbatch_extra.items()})
     return dict(

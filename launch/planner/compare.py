@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from launch.paths import RunPaths
+
 WARMUP_ITERS = 2  # the first iterations include compilation, allocator growth and NCCL setup
 
 
@@ -44,7 +46,7 @@ def load_registry(path: str | Path) -> list[dict[str, Any]]:
 
 def log_files(run_dir: str | Path, job_id: Optional[str]) -> list[Path]:
     """The run's Slurm task logs (``logs/<jobid>_<task>.out``); all of them when the id is unknown."""
-    logs = Path(run_dir) / "logs"
+    logs = RunPaths.of(run_dir).logs
     if not logs.is_dir():
         return []
     pattern = f"{job_id}_*.out" if job_id else "*.out"

@@ -10,7 +10,6 @@ Login-node code: no torch, no megatron.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -58,32 +57,12 @@ class Estimate:
 
 
 def layout_name(par: ParallelismConfig) -> str:
-    """Short label of a layout: ``tp8-pp8-vpp2-sp-sel`` (cp, ep, full, no-dopt when they apply)."""
-    parts = [f"tp{par.tp}", f"pp{par.pp}"]
-    if par.vpp and par.pp > 1:
-        parts.append(f"vpp{par.vpp}")
-    if par.cp > 1:
-        parts.append(f"cp{par.cp}")
-    if par.ep > 1:
-        parts.append(f"ep{par.ep}")
-    if par.sequence_parallel:
-        parts.append("sp")
-    if par.recompute == "selective":
-        parts.append("sel")
-    elif par.recompute == "full":
-        parts.append("full")
-    if not par.distributed_optimizer:
-        parts.append("nodo")
-    return "-".join(parts)
-
+    """Short label of a layout: ``tp8-pp8-vpp2-sp-sel`` (:attr:`launch.config.ParallelismConfig.label`)."""
+    return par.label
 
 def train_iterations(job: Job) -> Optional[int]:
-    """Optimizer steps of the run: from train_tokens when set (it wins), else train_iters."""
-    t = job.training
-    if t.train_tokens is not None:
-        return max(1, math.ceil(t.train_tokens / (t.global_batch_size * job.model.seq_length)))
-    return t.train_iters
-
+    """Optimizer steps of the run (:attr:`launch.config.Job.iterations`: train_tokens wins over train_iters)."""
+    return job.iterations
 
 def checkpoint_bytes(job: Job, shape: Shape | None = None) -> float:
     """What one distributed checkpoint writes: weights plus fp32 main weights and Adam moments."""

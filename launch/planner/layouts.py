@@ -15,15 +15,15 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional
+from typing import Iterator, Optional
 
 from analysis.flops import UnknownDevice, flops_breakdown, peak_flops
 from launch.config import Job, ParallelismConfig
+from launch.layout_rules import layout_problems
 from launch.planner.estimate import layout_name
 from launch.planner.memory import StageMemory, worst_stage
 from launch.planner.shapes import Shape, shape_of
 from launch.planner.steptime import StepTime, achievable_rate, precision_dtype, step_time
-from launch.problems import Problem
 
 RECOMPUTES = ("full", "selective", "none")  # most memory-saving first: if one does not fit, the rest do not
 _LESS = {"selective": "full", "none": "selective", "full": None}  # the next more memory-saving recompute
@@ -106,24 +106,6 @@ def _copy_with(obj, **changes):
     return new
 
 
-def _mesh_rules() -> Callable[[Job], list[Problem]]:
-    """The job check's layout rules (``launch.check.layout_problems`` or its rule functions)."""
-    from launch import check
-
-    public = getattr(check, "layout_problems", None)
-    if public is not None:
-        return public
-    rules = [getattr(check, n) for n in ("_mesh", "_model_split", "_batch", "_features") if hasattr(check, n)]
-
-    def layout_problems(job: Job) -> list[Problem]:
-        out: list[Problem] = []
-        for rule in rules:
-            out.extend(rule(job))
-        return out
-
-    return layout_problems
-
-
 def rank_layouts(job: Job, *, attention: str | None = None) -> tuple[list[Row], Counter]:
     """Estimate every valid layout; returns (rows sorted best first, counts of invalid reasons).
 
@@ -133,7 +115,7 @@ def rank_layouts(job: Job, *, attention: str | None = None) -> tuple[list[Row], 
     as not fitting without being computed (``memory`` None). Step time is computed for fitting
     rows only. On a CPU cluster nothing has a speed: the plainest layouts come first.
     """
-    rules = _mesh_rules()
+    rules = layout_problems
     invalid: Counter = Counter()
     shapes: dict[int, tuple[Shape, dict]] = {}
     limit = job.cluster.gpu_memory_gb
@@ -255,7 +237,7 @@ def choose_layout(job: Job, *, attention: str | None = None) -> tuple[Job, str]:
                                    "training.micro_batch_size")
     # The variants were validated per mesh; re-run the rules on the winner with its own recompute
     # and optimizer, in case a rule ever looks at them.
-    rules = _mesh_rules()
+    rules = layout_problems
     best = next((r for r in fitting if not rules(_copy_with(job, parallelism=r.par))), fitting[0])
     chosen = dataclasses.replace(best.par, name=f"auto:{best.name}")
     return dataclasses.replace(job, parallelism=chosen), table

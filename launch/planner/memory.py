@@ -159,9 +159,8 @@ def inflight_layer_sets(stage: int, layers: float, job: Job, microbatches: int) 
 
 
 def num_microbatches(job: Job) -> int:
-    """gbs / (mbs * dp); 1 when the layout leaves no data-parallel rank (refused elsewhere)."""
-    denom = job.training.micro_batch_size * job.dp
-    return max(1, job.training.global_batch_size // denom) if denom > 0 else 1
+    """:attr:`launch.config.Job.num_microbatches`, at least 1 (a layout without a dp rank is refused elsewhere)."""
+    return max(1, job.num_microbatches)
 
 
 def distinct_stages(pp: int, embedding_is_a_layer: bool = True) -> list[int]:
