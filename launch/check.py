@@ -20,21 +20,12 @@ from typing import Any, Callable, Optional
 
 from analysis import flops
 from launch import planner, vocab
-from launch.config import Job
+from launch.config import CHOICES, Job
 from launch.layout_rules import batch, features, has_size_errors, layout_problems, mesh, model_split, positive_sizes
 from launch.problems import Problem
 
 __all__ = ["check", "layout_problems", "notes", "padded_vocab_size"]
 
-RECOMPUTE = ("none", "selective", "full")
-PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
-LR_DECAY_STYLES = ("cosine", "linear", "constant")
-LAUNCHERS = ("slurm", "local")
-DATA_KINDS = ("mock", "indexed")
-POSITION_EMBEDDINGS = ("rope", "learned_absolute")
-NORMALIZATIONS = ("RMSNorm", "LayerNorm")
-PLAN_FORMATS = ("table", "json")
-WANDB_MODES = ("offline", "online")
 SLURM_MAX_SIGNAL_S = 65535  # --signal=<sig>@<time>: Slurm accepts 0..65535 seconds
 
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -113,19 +104,14 @@ def _enum(field: str, value: Any, allowed: tuple[str, ...]) -> Optional[Problem]
 
 
 def _enums(job: Job) -> list[Problem]:
-    pairs = [
-        ("parallelism.recompute", job.parallelism.recompute, RECOMPUTE),
-        ("training.precision", job.training.precision, PRECISIONS),
-        ("training.lr_decay_style", job.training.lr_decay_style, LR_DECAY_STYLES),
-        ("cluster.launcher", job.cluster.launcher, LAUNCHERS),
-        ("data.kind", job.data.kind, DATA_KINDS),
-        ("model.position_embedding_type", job.model.position_embedding_type, POSITION_EMBEDDINGS),
-        ("model.normalization", job.model.normalization, NORMALIZATIONS),
-        ("plan.format", job.plan.format, PLAN_FORMATS),
-        ("tracking.wandb_mode", job.tracking.wandb_mode, WANDB_MODES),
-    ]
-    return [p for p in (_enum(*pair) for pair in pairs) if p is not None]
-
+    """Every choice field against its one list (:data:`launch.config.CHOICES`)."""
+    out = []
+    for dotted, allowed in CHOICES.items():
+        group, name = dotted.split(".")
+        problem = _enum(dotted, getattr(getattr(job, group), name), allowed)
+        if problem is not None:
+            out.append(problem)
+    return out
 
 def _lifecycle(job: Job) -> list[Problem]:
     t = job.training
@@ -153,6 +139,13 @@ def _lifecycle(job: Job) -> list[Problem]:
     if t.keep_checkpoints < 1:
         out.append(Problem("training.keep_checkpoints", "must keep at least one checkpoint",
                            f"keep_checkpoints = {t.keep_checkpoints}", "set training.keep_checkpoints=1 or more"))
+    pf = job.preflight
+    if pf.steps < 1:
+        out.append(Problem("preflight.steps", "the preflight needs at least one optimizer step",
+                           f"steps = {pf.steps}", "set preflight.steps=3"))
+    if not pf.timeout_s > 0:
+        out.append(Problem("preflight.timeout_s", "must be > 0 seconds", f"timeout_s = {pf.timeout_s}",
+                           "set preflight.timeout_s=600"))
     return out
 
 

@@ -19,13 +19,39 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Literal, Optional, Union, get_args
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from launch import vocab
 from launch.paths import RunPaths
+
+# ---- choices, each listed once --------------------------------------------------------------
+# The fields below stay ``str`` (OmegaConf has no Literal type); launch/check.py validates every
+# one against these lists, so a typo is one problem line with the allowed values. The ranks read
+# the same lists.
+Recompute = Literal["none", "selective", "full"]
+Precision = Literal["bf16", "fp16", "fp32", "fp8"]
+LrDecayStyle = Literal["cosine", "linear", "constant"]
+Launcher = Literal["slurm", "local"]
+DataKind = Literal["mock", "indexed"]
+PositionEmbedding = Literal["rope", "learned_absolute"]
+Normalization = Literal["RMSNorm", "LayerNorm"]
+PlanFormat = Literal["table", "json"]
+WandbMode = Literal["offline", "online"]
+
+CHOICES: Dict[str, tuple] = {  # dotted field -> allowed values
+    "parallelism.recompute": get_args(Recompute),
+    "training.precision": get_args(Precision),
+    "training.lr_decay_style": get_args(LrDecayStyle),
+    "cluster.launcher": get_args(Launcher),
+    "data.kind": get_args(DataKind),
+    "model.position_embedding_type": get_args(PositionEmbedding),
+    "model.normalization": get_args(Normalization),
+    "plan.format": get_args(PlanFormat),
+    "tracking.wandb_mode": get_args(WandbMode),
+}
 
 
 class AttentionBackend(str, Enum):
@@ -243,6 +269,16 @@ class PlanConfig:
 
 
 @dataclass
+class PreflightConfig:
+    """Options of launch/preflight.py (``preflight.k=v``; the check validates them)."""
+
+    steps: int = 3  # optimizer steps of the preflight (parity is compared at every step; >= 1)
+    timeout_s: float = 600.0  # the ranks' and the reference's time limit, seconds
+    wait: bool = False  # Slurm only: wait for the verdict and exit with it
+    keep_checkpoint: bool = False  # keep <run_dir>/preflight/ckpt for inspection
+
+
+@dataclass
 class Job:
     """The whole composed job: what every stage (check, plan, render, worker) receives."""
 
@@ -254,6 +290,7 @@ class Job:
     run: RunConfig = field(default_factory=RunConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    preflight: PreflightConfig = field(default_factory=PreflightConfig)
     dry_run: bool = False  # print the rendered script and composed config; submit nothing
     force: bool = False  # submit despite a failed preflight
 

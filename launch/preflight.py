@@ -22,15 +22,12 @@ real submission while it holds a FAIL (unless ``force=true``; see
 the scratch checkpoint, removed after the round trip) live in ``<run_dir>/preflight/``, never
 in the run's ``checkpoints/``, so a resume can never pick a preflight checkpoint up.
 
-Preflight options (not Hydra overrides; everything else is):
+Preflight options are ordinary overrides of the schema's ``preflight`` group
+(:class:`launch.config.PreflightConfig`: ``preflight.steps``, ``preflight.timeout_s``,
+``preflight.wait``, ``preflight.keep_checkpoint``), typed by Hydra and validated by the job check.
 
-``preflight.steps=3``         optimizer steps (parity is compared at every step; >= 1)
-``preflight.timeout_s=600``   the ranks' and the reference's time limit
-``preflight.wait=false``      Slurm only: wait for the verdict
-``preflight.keep_checkpoint=false``  keep ``<run_dir>/preflight/ckpt`` for inspection
-``preflight.break=``          TEST-ONLY: ``detach`` (a module gets no gradient) or ``tp_split``
-                              (a skipped TP all-reduce); shows that the preflight fails a broken
-                              model. Never use it for a real run.
+Test-only: ``SLURMTRON_TEST_PREFLIGHT_BREAK=detach`` (a module gets no gradient) or ``=tp_split``
+(a skipped TP all-reduce) shows that the preflight fails a broken model. Never set it for a real run.
 
 Login-node code: no torch, no megatron (the ranks import them).
 """
@@ -42,7 +39,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, TextIO
 
@@ -50,65 +47,28 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     _ROOT = str(Path(__file__).resolve().parent.parent)
     sys.path[:] = [_ROOT] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
-from launch.config import Job  # noqa: E402
+from launch.config import Job, PreflightConfig  # noqa: E402
 from launch.paths import RunPaths  # noqa: E402
 from launch.preflight_checks import (  # noqa: E402
     BREAKAGES, FAIL, PREFLIGHT_DIR, PREFLIGHT_FILE, Report, format_table, read_report, run_failed, write_report,
 )
 from launch.problems import format_problems  # noqa: E402
+from recovery.slurm import default_runner  # noqa: E402
 
 EXIT_PASS, EXIT_FAIL, EXIT_REFUSED = 0, 1, 2
 WORKER_MODULE = "train.preflight_worker"
-_BOOLS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
+BREAK_ENV = "SLURMTRON_TEST_PREFLIGHT_BREAK"
 
 
-@dataclass
-class Options:
-    """``preflight.*`` arguments (see the module docstring)."""
-
-    steps: int = 3
-    timeout_s: float = 600.0
-    wait: bool = False
-    keep_checkpoint: bool = False
-    brk: str = ""  # preflight.break (test-only)
+def breakage(env: Mapping[str, str]) -> str:
+    """The test-only breakage asked for by ``SLURMTRON_TEST_PREFLIGHT_BREAK`` ('' for none); ValueError if unknown."""
+    brk = (env.get(BREAK_ENV) or "").strip()
+    if brk and brk not in BREAKAGES:
+        raise ValueError(f"{BREAK_ENV}={brk!r}: expected one of {', '.join(BREAKAGES)} (test-only)")
+    return brk
 
 
-def split_args(argv: Sequence[str]) -> tuple[Options, list[str]]:
-    """Separate ``preflight.*`` options from the Hydra overrides; bad values raise ValueError."""
-    opts, overrides = Options(), []
-    for arg in argv:
-        if not arg.startswith("preflight."):
-            overrides.append(arg)
-            continue
-        key, sep, value = arg[len("preflight."):].partition("=")
-        if not sep:
-            raise ValueError(f"{arg!r}: expected preflight.<key>=<value>")
-        if key == "steps":
-            if not value.isdigit() or int(value) < 1:
-                raise ValueError(f"preflight.steps={value!r}: expected an integer >= 1")
-            opts.steps = int(value)
-        elif key == "timeout_s":
-            try:
-                opts.timeout_s = float(value)
-            except ValueError:
-                raise ValueError(f"preflight.timeout_s={value!r}: expected seconds") from None
-            if opts.timeout_s <= 0:
-                raise ValueError(f"preflight.timeout_s={value!r}: expected > 0")
-        elif key in ("wait", "keep_checkpoint"):
-            if value.lower() not in _BOOLS:
-                raise ValueError(f"preflight.{key}={value!r}: expected true or false")
-            setattr(opts, key, _BOOLS[value.lower()])
-        elif key == "break":
-            if value and value not in BREAKAGES:
-                raise ValueError(f"preflight.break={value!r}: expected one of {', '.join(BREAKAGES)} (test-only)")
-            opts.brk = value
-        else:
-            raise ValueError(f"unknown option preflight.{key}; valid: preflight.steps, preflight.timeout_s, "
-                             "preflight.wait, preflight.keep_checkpoint, preflight.break (test-only)")
-    return opts, overrides
-
-
-def preflight_job(job: Job, opts: Options) -> Job:
+def preflight_job(job: Job, opts: PreflightConfig) -> Job:
     """The job the preflight ranks run: ``steps`` iterations, no requeue, a short time limit."""
     training = replace(job.training, train_iters=opts.steps, train_tokens=None)
     cluster = replace(job.cluster, requeue_allowed=False)
@@ -117,7 +77,7 @@ def preflight_job(job: Job, opts: Options) -> Job:
                                                                          dependency_chain=0))
 
 
-def write_preflight_dir(job: Job, opts: Options, run_dir: Path) -> Path:
+def write_preflight_dir(job: Job, opts: PreflightConfig, run_dir: Path, brk: str = "") -> Path:
     """``<run_dir>/preflight/{config.yaml,options.json}``; removes a previous verdict."""
     from launch.compose import job_to_yaml
 
@@ -126,7 +86,7 @@ def write_preflight_dir(job: Job, opts: Options, run_dir: Path) -> Path:
     paths.logs.mkdir(parents=True, exist_ok=True)
     paths.config.write_text(job_to_yaml(preflight_job(job, opts)))
     (pf_dir / "options.json").write_text(json.dumps({
-        "steps": opts.steps, "timeout_s": opts.timeout_s, "break": opts.brk, "run_dir": str(run_dir),
+        "steps": opts.steps, "timeout_s": opts.timeout_s, "break": brk, "run_dir": str(run_dir),
         "keep_checkpoint": opts.keep_checkpoint}, indent=1))
     old = run_dir / PREFLIGHT_FILE
     if old.exists():
@@ -195,7 +155,7 @@ def finish(run_dir: Path, pf_dir: Path, codes: Sequence[Optional[int]], out: Tex
 
 # ---- Slurm ------------------------------------------------------------------------------------
 
-def render_preflight(job: Job, run_dir: Path, pf_dir: Path, opts: Options) -> str:
+def render_preflight(job: Job, run_dir: Path, pf_dir: Path, opts: PreflightConfig) -> str:
     """The preflight's sbatch script: pretrain's renderer, the preflight worker as the srun step."""
     from launch.render import read_failed_nodes, render
 
@@ -209,7 +169,7 @@ def render_preflight(job: Job, run_dir: Path, pf_dir: Path, opts: Options) -> st
     return script.replace(needle, f"-m {WORKER_MODULE} ")
 
 
-def submit_slurm(job: Job, run_dir: Path, pf_dir: Path, opts: Options, *, runner: Callable[..., Any],
+def submit_slurm(job: Job, run_dir: Path, pf_dir: Path, opts: PreflightConfig, *, runner: Callable[..., Any],
                  out: TextIO, err: TextIO, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> int:
     """Render, ``sbatch --parsable``, and (``preflight.wait``) wait for ``preflight.json``."""
@@ -241,7 +201,7 @@ def submit_slurm(job: Job, run_dir: Path, pf_dir: Path, opts: Options, *, runner
     return EXIT_FAIL
 
 
-def main(argv: Sequence[str], *, runner: Callable[..., Any] = subprocess.run,
+def main(argv: Sequence[str], *, runner: Callable[..., Any] = default_runner,
          popen: Callable[..., Any] = subprocess.Popen, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
          env: Optional[Mapping[str, str]] = None, clock: Callable[[], float] = time.monotonic,
          sleep: Callable[[float], None] = time.sleep) -> int:
@@ -249,21 +209,22 @@ def main(argv: Sequence[str], *, runner: Callable[..., Any] = subprocess.run,
     from launch.check import check
     from launch.compose import compose_job
 
+    env = dict(os.environ if env is None else env)
     try:
-        opts, overrides = split_args(argv)
-        job = compose_job(overrides)
+        brk = breakage(env)
+        job = compose_job(argv)
     except Exception as exc:  # a bad option or a Hydra composition error: the user's input
         print(f"refused: {exc}", file=err)
         return EXIT_REFUSED
+    opts = job.preflight
     problems = check(job)
     if problems:
         print(format_problems(problems), file=err)
         return EXIT_REFUSED
     run_dir = Path(job.run_dir).absolute()
-    pf_dir = write_preflight_dir(job, opts, run_dir)
-    if opts.brk:
-        print(f"WARNING: preflight.break={opts.brk} is a test-only breakage; this preflight is meant to FAIL",
-              file=err)
+    pf_dir = write_preflight_dir(job, opts, run_dir, brk)
+    if brk:
+        print(f"WARNING: {BREAK_ENV}={brk} is a test-only breakage; this preflight is meant to FAIL", file=err)
     if job.cluster.launcher == "local":
         print(f"preflight: {job.world_size} local ranks, layout tp={job.parallelism.tp} pp={job.parallelism.pp} "
               f"dp={job.dp}, {opts.steps} step(s); logs in {pf_dir / 'logs'}", file=out)

@@ -262,7 +262,7 @@ def gather(run_dir: str | Path, *, runner: Runner = subprocess.run, clock: Calla
     from recovery.events import read_events
 
     run_dir = Path(run_dir).absolute()
-    job = load_job(run_dir / "config.yaml")
+    job = load_job(RunPaths.of(run_dir).config)
     paths = job.paths_at(run_dir)
     c = job.cluster
     state = RunState(run=job.run.name, run_dir=str(run_dir), launcher=c.launcher, world_size=job.world_size,

@@ -23,6 +23,7 @@ if __package__ in (None, ""):  # python launch/status.py: make the repository im
     sys.path[:] = [str(Path(__file__).resolve().parent.parent)] + [
         p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
+from launch.paths import RunPaths  # noqa: E402
 from launch.run_state import RunState, gather  # noqa: E402
 
 EXIT_NO_RUN = 2
@@ -118,7 +119,7 @@ def sweep_rows(registry: Path, *, gather_run: Callable[[Path], RunState]) -> lis
         row = {"run_name": entry.get("run_name"), "layout": entry.get("layout"), "job_id": entry.get("job_id"),
                "registry_status": entry.get("status"), "reasons": entry.get("reasons") or []}
         run_dir = Path(entry.get("run_dir") or "")
-        if entry.get("status") == "submitted" and (run_dir / "config.yaml").exists():
+        if entry.get("status") == "submitted" and RunPaths.of(run_dir).config.exists():
             row["status"] = gather_run(run_dir).to_dict()
         rows.append(row)
     return rows
@@ -132,7 +133,7 @@ def resolve(args: list[str]) -> tuple[str, Path]:
         raise ValueError(f"give one run directory or sweep id, not {names}")
     if names:
         target = Path(names[0])
-        if (target / "config.yaml").exists():
+        if RunPaths.of(target).config.exists():
             return "run", target
         if target.suffix == ".jsonl" and target.is_file():
             return "sweep", target
@@ -149,7 +150,7 @@ def resolve(args: list[str]) -> tuple[str, Path]:
         raise ValueError(f"{names[0]} is neither a run directory (no config.yaml) nor a sweep id ({registry} "
                          "does not exist)")
     run_dir = Path(job.run_dir)
-    if not (run_dir / "config.yaml").exists():
+    if not job.paths_at(run_dir).config.exists():
         raise ValueError(f"no run {job.run.name!r} at {run_dir} (no config.yaml): start it with "
                          f"python launch/pretrain.py {' '.join(overrides)}".rstrip())
     return "run", run_dir

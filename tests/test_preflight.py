@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +22,7 @@ if str(REPO) not in sys.path:
 
 from launch import preflight  # noqa: E402
 from launch import preflight_checks as pc  # noqa: E402
+from launch.check import check as check_job  # noqa: E402
 from launch.compose import compose_job  # noqa: E402
 
 
@@ -102,15 +104,19 @@ def test_report_round_trips_through_json_and_prints_a_table(tmp_path):
 
 # ---- the login entry ------------------------------------------------------------------------
 
-def test_split_args_separates_preflight_options_and_refuses_bad_ones():
-    opts, overrides = preflight.split_args(["model=tiny", "preflight.steps=2", "preflight.break=detach",
-                                            "preflight.wait=true"])
-    assert overrides == ["model=tiny"]
-    assert (opts.steps, opts.brk, opts.wait) == (2, "detach", True)
-    for bad in ("preflight.steps=0", "preflight.break=oops", "preflight.wait=maybe", "preflight.bogus=1",
-                "preflight.steps"):
-        with pytest.raises(ValueError):
-            preflight.split_args([bad])
+def test_preflight_options_are_typed_schema_fields_validated_by_the_check():
+    job = compose_job(["model=tiny", "preflight.steps=2", "preflight.wait=true"])
+    assert (job.preflight.steps, job.preflight.wait, job.preflight.timeout_s) == (2, True, 600.0)
+    for bad in ("preflight.wait=maybe", "preflight.bogus=1", "preflight.steps=two", "preflight.steps"):
+        with pytest.raises(Exception):
+            compose_job([bad])
+    fields = {p.field for p in check_job(compose_job(["preflight.steps=0", "preflight.timeout_s=0"]))}
+    assert {"preflight.steps", "preflight.timeout_s"} <= fields
+    assert check_job(compose_job([])) == []  # the defaults are valid
+    # the test-only breakage is an environment switch, never a config field
+    assert preflight.breakage({preflight.BREAK_ENV: "detach"}) == "detach" and preflight.breakage({}) == ""
+    with pytest.raises(ValueError, match="tp_split"):
+        preflight.breakage({preflight.BREAK_ENV: "oops"})
 
 
 def test_refused_job_is_not_run(tmp_path):
@@ -118,7 +124,10 @@ def test_refused_job_is_not_run(tmp_path):
     code = preflight.main([f"cluster.run_root={tmp_path}", "parallelism.tp=3"], out=io.StringIO(), err=err,
                           popen=_no_popen)
     assert code == preflight.EXIT_REFUSED and "parallelism.tp" in err.getvalue()
-    assert preflight.main(["preflight.break=oops"], out=io.StringIO(), err=io.StringIO()) == preflight.EXIT_REFUSED
+    assert preflight.main(["preflight.steps=0"], out=io.StringIO(), err=io.StringIO(),
+                          popen=_no_popen) == preflight.EXIT_REFUSED
+    assert preflight.main([], out=io.StringIO(), err=io.StringIO(), env={preflight.BREAK_ENV: "oops"},
+                          popen=_no_popen) == preflight.EXIT_REFUSED
 
 
 def _no_popen(*a, **k):
@@ -159,7 +168,7 @@ def test_slurm_preflight_submission_failure_is_reported(tmp_path):
 def test_crashed_ranks_are_a_failed_preflight(tmp_path):
     job = compose_job([f"cluster.run_root={tmp_path}", "run.name=x"])
     run_dir = Path(job.run_dir)
-    pf_dir = preflight.write_preflight_dir(job, preflight.Options(), run_dir)
+    pf_dir = preflight.write_preflight_dir(job, job.preflight, run_dir)
     out = io.StringIO()
     assert preflight.finish(run_dir, pf_dir, [1, 0, None, 0], out) == preflight.EXIT_FAIL
     assert pc.failing(pc.read_report(run_dir).checks) == ["preflight_job"]
@@ -168,11 +177,12 @@ def test_crashed_ranks_are_a_failed_preflight(tmp_path):
 
 # ---- real preflights (CPU, gloo) ------------------------------------------------------------
 
-def _preflight(tmp_path: Path, name: str, *args: str, timeout: float = 300) -> tuple[int, dict, str]:
+def _preflight(tmp_path: Path, name: str, *args: str, brk: str = "", timeout: float = 300) -> tuple[int, dict, str]:
+    env = {**os.environ, preflight.BREAK_ENV: brk}
     proc = subprocess.run(
         [sys.executable, "launch/preflight.py", f"run.name={name}", f"cluster.run_root={tmp_path}",
          "preflight.timeout_s=240", *args],
-        cwd=REPO, capture_output=True, text=True, timeout=timeout)
+        cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
     path = tmp_path / name / pc.PREFLIGHT_FILE
     doc = json.loads(path.read_text()) if path.exists() else {}
     logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in sorted((tmp_path / name).glob("preflight/logs/*")))
@@ -203,7 +213,7 @@ def test_tiny_model_passes_preflight_on_tp2_dp2(tmp_path):
 @pytest.mark.training
 @pytest.mark.timeout(360)
 def test_detached_module_fails_grad_flow(tmp_path):
-    code, doc, out = _preflight(tmp_path, "detach", "cluster.gpus_per_node=2", "preflight.break=detach")
+    code, doc, out = _preflight(tmp_path, "detach", "cluster.gpus_per_node=2", brk="detach")
     v = _verdicts(doc)
     assert code == preflight.EXIT_FAIL, out
     assert v["grad_flow"] == pc.FAIL, out
@@ -217,7 +227,7 @@ def test_detached_module_fails_grad_flow(tmp_path):
 @pytest.mark.training
 @pytest.mark.timeout(360)
 def test_wrong_tp_split_fails_parity(tmp_path):
-    code, doc, out = _preflight(tmp_path, "tpsplit", "cluster.gpus_per_node=2", "preflight.break=tp_split")
+    code, doc, out = _preflight(tmp_path, "tpsplit", "cluster.gpus_per_node=2", brk="tp_split")
     v = _verdicts(doc)
     assert code == preflight.EXIT_FAIL, out
     assert v["loss_parity"] == pc.FAIL and v["grad_norm_parity"] == pc.FAIL, out
