@@ -9,9 +9,10 @@ event log; anything else is a log.
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pandas as pd
 
@@ -87,6 +88,16 @@ def _is_sacct(path: Path) -> bool:
     return "|" in first and bool({"JobID", "JobIDRaw"} & set(first.strip().split("|")))
 
 
+def _sacct_header(path: Path) -> list[str]:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096).decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    first = next((ln for ln in head.splitlines() if ln.strip()), "")
+    return [c for c in first.strip().split("|") if c]
+
+
 def _classify(files: list[Path]) -> tuple[list[Path], list[Path], list[Path]]:
     logs, saccts, events = [], [], []
     for f in files:
@@ -115,6 +126,9 @@ def _parse(name: str, files: list[Path], config: dict | None, chunk_bytes: int) 
         for f in saccts:
             df, sk = parse_sacct_file(f)
             skipped["sacct_lines"] += sk
+            header = set(_sacct_header(f))
+            skipped["sacct_columns"] = skipped.get("sacct_columns", 0) + len(
+                [c for c in header if c.lower() not in SACCT_FIELDS_USED])
             if not df.empty:
                 parts.append(df)
         sacct = pd.concat(parts, ignore_index=True) if parts else None
@@ -129,15 +143,40 @@ def _parse(name: str, files: list[Path], config: dict | None, chunk_bytes: int) 
     return RunInputs(name, _concat(its), _concat(sigs), _concat(cks), events, sacct, config, skipped)
 
 
-def load_paths(paths: list[str | os.PathLike], chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[RunInputs]:
+# sacct fields the report reads (lower case); any other column of a dump is counted as skipped
+SACCT_FIELDS_USED = frozenset({"jobid", "jobidraw", "state", "submit", "start", "end", "eligible", "elapsed",
+                               "nnodes", "alloctres"})
+
+
+def not_regular(p: Path) -> Optional[str]:
+    """Why ``p`` (which exists) cannot be read as an input file, or None for a regular file or directory."""
+    try:
+        mode = p.stat().st_mode
+    except OSError as e:
+        return f"cannot stat: {e.strerror or e}"
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
+            else "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file")
+    return f"{kind}, not a regular file (reading it could block or never end)"
+
+
+def load_paths(paths: list[str | os.PathLike], chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+               ignored: Optional[list] = None) -> list[RunInputs]:
     """One :class:`RunInputs` per run directory, plus one for all loose files together.
 
     A directory with ``config.yaml`` or ``logs/`` is a run; a directory without them (a
-    sweep root) contributes each subdirectory that is a run.
+    sweep root) contributes each subdirectory that is a run. An argument that is a FIFO, a
+    device or a socket is not read: it is appended to ``ignored`` as ``(path, reason)``.
     """
     runs: list[RunInputs] = []
     loose: list[Path] = []
     for p in map(Path, paths):
+        why = not_regular(p) if p.exists() else None
+        if why:
+            if ignored is not None:
+                ignored.append((str(p), why))
+            continue
         if p.is_dir():
             if _is_run_dir(p):
                 runs.append(_parse_run_dir(p, chunk_bytes))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -124,13 +125,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threshold", type=float, default=0.10, help="slow-down that counts as a regression")
     args = ap.parse_args(argv)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    problem = _out_problem(out)
+    if problem:
+        print(f"report: --out {out}: {problem}", file=sys.stderr)
+        return 2
 
+    ignored: list = []
     try:
-        runs = load_paths(args.paths)
+        runs = load_paths(args.paths, ignored=ignored)
     except FileNotFoundError as e:
         print(f"report: {e}", file=sys.stderr)
         return 2
+    for path, why in ignored:
+        print(f"report: skipped {path}: {why}", file=sys.stderr)
+    empty = [r for r in runs if r.iterations is None or r.iterations.empty]
+    for r in empty:
+        print(f"report: no Megatron iteration lines in {r.name}: found {_found(r)}", file=sys.stderr)
+    runs = [r for r in runs if r not in empty]
+    if not runs:
+        print("report: nothing to report: no input holds an iteration line"
+              + (f" ({len(ignored)} input(s) skipped)" if ignored else ""), file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
     its, intrs, layouts, summary, body = [], [], [], {"runs": {}}, []
     mfu_reasons = []
     for run in runs:
@@ -180,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         "iterations": int(len(all_it)),
         "interruptions": int(len(all_intr)),
     })
+    summary["skipped_inputs"] = [{"path": p, "reason": why} for p, why in ignored]
+    summary["runs_without_iterations"] = {r.name: _found(r) for r in empty}
+    summary["skipped_sacct_columns"] = sum(r["skipped_lines"].get("sacct_columns", 0) for r in runs_s)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
 
     title = "Training run report: " + ", ".join(r.name for r in runs)
@@ -194,7 +213,10 @@ def main(argv: list[str] | None = None) -> int:
             ("h", 2, "MFU per layout"),
             ("table", lay, "median over the steady steps of every attempt (the first 2 steps of each are warm-up)"),
             ("img", mfu_png, "MFU and HFU per layout" if not mfu_reason else f"throughput per layout ({mfu_reason})")]
-    blocks = head + body
+    found = ([f"input skipped: {d['path']}: {d['reason']}" for d in summary["skipped_inputs"]]
+             + [f"no iteration lines in {k}: found {v}" for k, v in summary["runs_without_iterations"].items()]
+             + [f"sacct columns not used by the report: {summary['skipped_sacct_columns']}"])
+    blocks = head + [("ul", found)] + body
     (out / "report.md").write_text(to_markdown(blocks))
     (out / "report.html").write_text(to_html(blocks, title))
     print(f"wrote {out}/report.md, report.html, summary.json, iterations.csv, interruptions.csv")
@@ -235,6 +257,31 @@ def run_blocks(name: str, s: dict, res: dict, args: argparse.Namespace, mfu_reas
         ("h", 3, "Throughput per attempt"),
         ("table", res["by_attempt"], "median over each attempt's steady steps"),
     ] + [("img", path, caption) for path, caption in figures]
+
+
+def _out_problem(out: Path) -> str | None:
+    """Why the report cannot be written to ``out`` (one line), or None."""
+    if out.exists() and not out.is_dir():
+        return "is a file, not a directory; give a directory (it is created if missing)"
+    probe = out
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable"
+    return None
+
+
+def _found(run) -> str:
+    """What a run's inputs held, in words (for a run without iteration lines)."""
+    ev = 0 if run.events is None else len(run.events)
+    sa = 0 if run.sacct is None else len(run.sacct)
+    sk = run.skipped or {}
+    return (f"{sk.get('iteration_lines', 0)} unreadable log line(s), {ev} event(s), {sa} sacct row(s), "
+            f"{0 if run.checkpoints is None else len(run.checkpoints)} checkpoint line(s)")
+
+
 
 
 if __name__ == "__main__":

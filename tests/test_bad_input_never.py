@@ -117,3 +117,45 @@ def test_a_locked_local_run_is_refused_on_the_login_node(tmp_path):
     assert rc == 2 and f"pid {os.getpid()}" in err.getvalue() and "one writer per run" in err.getvalue()
     assert not (run_dir / "config.yaml").exists()
     held.release()
+
+
+# ---- analysis/report.py ------------------------------------------------------------------------
+
+FIXTURE = REPO / "tests" / "fixtures" / "slurm_run"
+
+
+def _report(*args):
+    return subprocess.run([sys.executable, "analysis/report.py", *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_report_without_iteration_lines_says_what_it_found(tmp_path):
+    (tmp_path / "a.out").write_text("hello\nno iterations here\n")
+    (tmp_path / "events.jsonl").write_text(json.dumps({"event": "job_start", "time": 1.0}) + "\n")
+    proc = _report(tmp_path / "a.out", tmp_path / "events.jsonl", "--out", tmp_path / "o")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "no Megatron iteration lines in files: found" in proc.stderr and "1 event(s)" in proc.stderr
+    assert not (tmp_path / "o").exists()  # nothing half-written
+
+
+def test_report_out_that_is_a_file_or_unwritable_is_one_line(tmp_path):
+    (tmp_path / "f").write_text("x")
+    proc = _report(FIXTURE, "--out", tmp_path / "f")
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "is a file" in proc.stderr
+    proc = _report(FIXTURE, "--out", tmp_path / "f" / "sub")
+    assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "not a directory" in proc.stderr
+
+
+def test_report_skips_a_fifo_with_a_reason_and_counts_unused_sacct_columns(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    sacct = tmp_path / "sacct.txt"
+    sacct.write_text("JobID|State|Start|End|Elapsed|MyOwnColumn|Flavour\n"
+                     "77|COMPLETED|2026-01-01T00:00:00|2026-01-01T00:10:00|00:10:00|x|y\n")
+    log = FIXTURE / "logs" / "8700_3.out"  # the last rank logs the iteration lines
+    proc = _report(fifo, log, sacct, "--out", tmp_path / "o")
+    assert proc.returncode == 0, proc.stderr
+    assert f"skipped {fifo}: a FIFO" in proc.stderr
+    summary = json.loads((tmp_path / "o" / "summary.json").read_text())
+    assert summary["skipped_inputs"] == [{"path": str(fifo), "reason": summary["skipped_inputs"][0]["reason"]}]
+    assert summary["skipped_sacct_columns"] == 2
