@@ -20,7 +20,7 @@ from recovery import crash, lock, policy
 from recovery.commit import LATEST, abort_save, commit, final_path, prepare_staging, prune, staging_path
 from recovery.quarantine import QUARANTINE_DIR, list_quarantine
 from recovery.resume import committed_steps, explain, plan_resume, verify
-from recovery.storage import StorageError, classify
+from recovery.storage import LocalStorage, StorageError, classify
 
 REPO = Path(__file__).resolve().parent.parent
 ME = {"name": "runA", "id": "id-A", "model": {"num_layers": 2, "hidden_size": 64}}
@@ -319,3 +319,42 @@ def test_crash_requeue_treats_final_stops_as_final(reason):
 def test_storage_error_text_names_file_and_errno():
     e = StorageError("environment", errno.ESTALE, "/lustre/ckpt/iter_0000010/__0_0.distcp")
     assert "ESTALE" in str(e) and "__0_0.distcp" in str(e)
+
+
+# ---- free space and a failed save -----------------------------------------------------------------
+
+class SmallDisk(LocalStorage):
+    def __init__(self, free):
+        self.free = free
+
+    def free_bytes(self, path):
+        return self.free
+
+
+def test_space_warning_before_a_save(tmp_path):
+    from recovery.savefail import space_warning
+
+    assert space_warning(tmp_path, 100, storage=SmallDisk(1000)) is None
+    text, fields = space_warning(tmp_path / "not-yet", 600, storage=SmallDisk(1000))
+    assert "after the next will not fit" in text and fields["free_bytes"] == 1000 and fields["path"] == str(tmp_path)
+    text, _ = space_warning(tmp_path, 2000, storage=SmallDisk(1000))
+    assert "the next save will not fit" in text
+    assert space_warning(tmp_path, None) is None
+
+
+def test_a_disk_full_save_removes_staging_and_names_path_and_numbers(tmp_path):
+    from recovery.savefail import save_failed
+
+    save(tmp_path, 10)
+    d = prepare_staging(tmp_path, 20)
+    (d / "__0_0.distcp").write_bytes(b"x" * 100)
+    exc = RuntimeError("dist save failed")
+    exc.failures = {0: OSError(errno.ENOSPC, "No space left on device", str(d / "__1_0.distcp"))}
+    stop = save_failed(exc, tmp_path, 20, storage=SmallDisk(12345))
+    assert stop["reason"] == "disk_full" and stop["code"] == policy.EXIT_DISK_FULL
+    assert stop["errno"] == "ENOSPC" and stop["path"].endswith("__1_0.distcp") and stop["free_bytes"] == 12345
+    assert "committed checkpoints are untouched" in stop["detail"]
+    assert names(tmp_path) == ["iter_0000010"] and verify(final_path(tmp_path, 10)) is None
+    eio = save_failed(OSError(errno.EIO, "I/O error", "/x"), tmp_path, 20)
+    assert eio["reason"] == "storage_error" and eio["code"] == policy.EXIT_STORAGE
+    assert save_failed(ValueError("a bug"), tmp_path, 20) is None

@@ -1,0 +1,97 @@
+"""A save that cannot be written: free space before it, and what to do when the filesystem refuses it.
+
+Before a save, rank 0 compares the free space of the checkpoint filesystem with the expected
+checkpoint size (the newest committed checkpoint's size, or the planner's estimate before the
+first save) and warns while there is still room: below two checkpoints' worth, the *next* save
+will likely fail. It does not refuse: the space may be freed in time, and the save itself is
+the real test.
+
+When a save fails with a storage error (:func:`recovery.storage.classify`), every rank learns it
+(the worker all-reduces the failure kind), rank 0 removes the staging directory
+(:func:`recovery.commit.abort_save`: the torn shards would otherwise keep the disk full),
+every committed checkpoint stays, and the attempt stops with a named reason:
+
+* ``disk_full`` (ENOSPC, EDQUOT), exit :data:`recovery.policy.EXIT_DISK_FULL`;
+* ``storage_error`` (EACCES, EIO, ESTALE, ...), exit :data:`recovery.policy.EXIT_STORAGE`.
+
+Requeue policy: neither is requeued. Space does not come back by itself on a shared
+filesystem (a quota stays full until a person acts), and a requeued attempt would resume from
+the last checkpoint, train, and hit the same wall, burning an allocation each time until the
+zero-progress guard stops it. The ``stop`` event names the path and the numbers, so the person
+who frees space resubmits with the same ``run.name`` and the run continues from its newest
+checkpoint.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from recovery import policy
+from recovery.commit import abort_save
+from recovery.storage import LocalStorage, StorageError, classify
+
+MARGIN = 2.0  # warn when free space is below this many checkpoints
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.3g} GB" if n >= 1e8 else f"{n / 1e6:.3g} MB"
+
+
+def space_warning(root: Path, expected_bytes: Optional[float], *,
+                  storage: Optional[LocalStorage] = None) -> Optional[tuple[str, dict]]:
+    """(WARNING text, event fields) when the checkpoint filesystem has room for fewer than
+    :data:`MARGIN` checkpoints of ``expected_bytes``; None when it has room (or nothing is known)."""
+    st = storage or LocalStorage()
+    if not expected_bytes or expected_bytes <= 0:
+        return None
+    probe = Path(root)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = st.free_bytes(probe)
+    except OSError:
+        return None  # the save itself will tell
+    if free >= MARGIN * expected_bytes:
+        return None
+    fits = "the next save will not fit" if free < expected_bytes else "the save after the next will not fit"
+    text = (f"low disk space for checkpoints at {probe}: {_gb(free)} free, one checkpoint is about "
+            f"{_gb(expected_bytes)}: {fits}; free space or raise the quota (a save that fails stops the run, "
+            f"committed checkpoints are kept)")
+    return text, {"path": str(probe), "free_bytes": int(free), "expected_bytes": int(expected_bytes)}
+
+
+def save_failed(exc: BaseException, root: Path, step: int, *,
+                storage: Optional[LocalStorage] = None) -> Optional[dict]:
+    """Rank 0, after a save failed with ``exc``: remove its staging directory and describe the stop.
+
+    Returns ``{"reason", "code", "detail", **numbers}`` for a storage error (the caller emits
+    the ``stop`` event and exits with ``code``), or None when ``exc`` is not a storage error
+    (then it is an ordinary crash).
+    """
+    err = classify(exc)
+    if err is None:
+        return None
+    st = storage or LocalStorage()
+    removed, cleanup = [], ""
+    try:
+        removed = abort_save(root, step, storage=st)
+    except OSError as e:
+        cleanup = f"; the staging directory could not be removed ({e})"
+    fields: dict = {"path": err.filename, "errno": err.errno_name, "step": step,
+                    "removed": [str(p) for p in removed]}
+    if err.kind == "disk_full":
+        probe = Path(root)
+        try:
+            fields["free_bytes"] = int(st.free_bytes(probe if probe.exists() else probe.parent))
+        except OSError:
+            pass
+        free = f", {_gb(fields['free_bytes'])} free now" if "free_bytes" in fields else ""
+        detail = (f"disk full while saving step {step}: {err}{free}; the torn save was removed{cleanup}, "
+                  f"committed checkpoints are untouched. Free space, then resubmit the same run.name")
+        return {"reason": "disk_full", "code": policy.EXIT_DISK_FULL, "detail": detail, **fields}
+    detail = (f"cannot write the checkpoint of step {step}: {err} (an environment error: permissions, I/O, a "
+              f"stale mount){cleanup}; committed checkpoints are untouched. Fix access, then resubmit")
+    return {"reason": "storage_error", "code": policy.EXIT_STORAGE, "detail": detail, **fields}
+
+
+__all__ = ["space_warning", "save_failed", "StorageError", "MARGIN"]
