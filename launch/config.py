@@ -213,6 +213,7 @@ class TrainingConfig:
     max_restarts: int = 20  # requeues allowed before giving up
     zero_progress_restarts: int = 3  # stop after N consecutive restarts with no new checkpoint
     requeue_on_crash: bool = True  # Slurm: requeue a crashed attempt (bounded by the two limits above)
+    restart_from_scratch: bool = False  # fresh submission only: move existing checkpoints to quarantine/, start at 0
 
     @property
     def checkpoint_interval_is_auto(self) -> bool:

@@ -104,12 +104,18 @@ def prepare_staging(root: Path, step: int, *, storage: Optional[LocalStorage] = 
     """Rank 0, before any rank writes: an empty staging directory for ``step``.
 
     A staging directory left by a save that was killed is removed first, so no shard of the
-    torn save can end up in the new one.
+    torn save can end up in the new one; so are torn saves of other steps and ``.del``
+    leftovers (one writer per run: no other save is live), which frees their space before the
+    free-space check of this save.
     """
     st = storage or LocalStorage()
     path = staging_path(root, step)
     st.makedirs(Path(root))
     restore_set_aside(root, storage=st)
+    for name in st.list_dir(Path(root)):  # torn saves of any step, interrupted deletions: garbage, and space
+        parsed = parse_dir_name(name)
+        if parsed and parsed[1] in (STAGING_SUFFIX, DELETE_SUFFIX) and Path(root) / name != path:
+            st.remove_tree(Path(root) / name)
     if st.exists(path):
         st.remove_tree(path)
     st.makedirs(path)

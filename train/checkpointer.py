@@ -26,34 +26,84 @@ class Start:
 
     resume: Resume  # the newest verified checkpoint (path None: start from scratch)
     decision: dict = field(default_factory=dict)  # recovery.policy.Decision as a dict
+    notices: list = field(default_factory=list)  # visible fallbacks: each a WARNING line and an event
+    identity: Optional[dict] = None  # whose checkpoints these are (recovery.identity.run_identity)
 
     @property
     def ok(self) -> bool:
         return bool(self.decision["ok"])
 
 
-def find_start(ctx: RankContext) -> Start:
-    """Rank 0 finds the newest verified checkpoint and asks the requeue policy; all ranks get the answer."""
-    from recovery import policy
-    from recovery.resume import find_latest_verified
+class SaveFailed(RuntimeError):
+    """A save the filesystem refused (disk full, EACCES, EIO, ...): every rank stops with ``stop["code"]``."""
 
+    def __init__(self, stop: dict) -> None:
+        self.stop = stop
+        super().__init__(stop["detail"])
+
+
+def find_start(ctx: RankContext) -> Start:
+    """Rank 0 takes the run lock, decides from the checkpoints it finds (resume, start, or refuse) and asks
+    the requeue policy; all ranks get the answer (:func:`recovery.resume.plan_resume`)."""
     start = None
     if ctx.is_first:
-        res = find_latest_verified(ctx.paths.checkpoints, storage=ctx.storage)
-        decision = policy.start_decision(ctx.paths.run_dir, ctx.restart, res.step, ctx.job.training,
-                                         job_id=ctx.job_id)
-        start = Start(res, asdict(decision))
+        start = _decide(ctx)
     return broadcast(start)
 
 
-def vet_resume(ctx: RankContext, resume: Resume) -> None:
-    """Before the model is built: warn about every newer checkpoint passed over, and refuse one written by
-    the other optimizer type (its manifest says; the formats cannot be converted)."""
+def _decide(ctx: RankContext) -> Start:
+    from recovery import lock, policy
+    from recovery.events import read_events
+    from recovery.identity import run_identity
+    from recovery.resume import committed_steps, plan_resume
+
+    def refuse(reason: str, detail: str, notices: list) -> Start:
+        code = policy.FINAL_REASONS[reason]
+        return Start(Resume(None, None), {"ok": False, "reason": reason, "code": code, "detail": detail},
+                     notices)
+
+    notices: list = []
+    try:
+        ctx.run_lock = lock.acquire(ctx.paths.lock, lock.me_from_env(ctx.env))
+    except lock.RunLocked as e:
+        return refuse("run_locked", str(e), notices)
+    if ctx.run_lock.taken_over is not None:
+        old = ctx.run_lock.taken_over
+        notices.append({"event": "run_lock_takeover", "holder": old.describe(), "reason": ctx.run_lock.why,
+                        "message": f"taking over the run lock of {old.describe()}: {ctx.run_lock.why}"})
+    identity = run_identity(ctx.job, ctx.paths.run_dir)
+    fresh = ctx.restart == 0
+    scratch = bool(ctx.job.training.restart_from_scratch) and fresh
+    plan = plan_resume(ctx.paths.checkpoints, identity=identity, storage=ctx.storage,
+                       committed=committed_steps(read_events(ctx.paths.events)), restart_from_scratch=scratch)
+    if scratch:
+        notices.append({"event": "start_over", "reason": "training.restart_from_scratch=true",
+                        "message": "training.restart_from_scratch=true: starting at step 0 (old checkpoints are "
+                                   "in quarantine/, not deleted)"})
+    notices += plan.notices
+    if plan.action == "refuse":
+        return refuse(plan.reason, plan.detail, notices)
+    res = Resume(plan.path, plan.step, plan.meta)
+    decision = policy.start_decision(ctx.paths.run_dir, ctx.restart, res.step, ctx.job.training, job_id=ctx.job_id)
+    return Start(res, asdict(decision), notices, identity)
+
+
+def announce(ctx: RankContext, start: Start) -> None:
+    """Every notice of the start decision: a WARNING line (last rank) and an event (rank 0)."""
+    for n in start.notices:
+        fields = {k: v for k, v in n.items() if k not in ("event", "message")}
+        ctx.emit(n["event"], detail=n["message"], **fields)
+        ctx.log(f"WARNING: {n['message']}")
+
+
+def vet_resume(ctx: RankContext, start: Start) -> None:
+    """Before the model is built: every fallback as a WARNING and an event (skipped or quarantined checkpoints,
+    a missing ``latest`` target, a lock takeover), and refuse a checkpoint written by the other optimizer type
+    (its manifest says; the formats cannot be converted)."""
     from train import megatron_ckpt
 
-    for path, why in resume.skipped:
-        ctx.emit("resume_fallback", skipped=str(path), reason=why)
-        ctx.log(f"WARNING: skipping checkpoint {path}: {why}")
+    announce(ctx, start)
+    resume = start.resume
     if resume.path and "distributed_optimizer" in (resume.meta or {}):
         megatron_ckpt.check_optimizer_type(resume.meta, ctx.job.parallelism.distributed_optimizer, resume.path)
 
@@ -61,9 +111,11 @@ def vet_resume(ctx: RankContext, resume: Resume) -> None:
 class Checkpointer:
     """Saves and loads one rank's share of the training state (collective calls: every rank calls them)."""
 
-    def __init__(self, ctx: RankContext, parts: Any) -> None:
+    def __init__(self, ctx: RankContext, parts: Any, identity: Optional[dict] = None) -> None:
         self.ctx = ctx
         self.parts = parts  # train.train_loop.TrainingParts
+        self.identity = identity  # the manifest's owner (rank 0)
+        self.last_bytes: Optional[int] = None  # size of the newest committed checkpoint: the next one's estimate
         self.interval: Optional[int] = parse_interval(ctx.job.training.checkpoint_interval)  # None: auto, unmeasured
         self.saved_steps: set[int] = set()
         self._lead_checked = False
@@ -89,6 +141,11 @@ class Checkpointer:
         ctx.emit("resume", step=state.step, checkpoint=str(resume.path), consumed_samples=state.consumed_samples,
                  from_layout=ts.get("layout"), seconds=loaded.seconds)
         self.saved_steps.add(state.step)
+        if ctx.is_first:  # the measured size the next save needs (the free-space check)
+            from recovery.commit import manifest_of
+
+            files = manifest_of(resume.path, storage=ctx.storage).get("files") or {}
+            self.last_bytes = sum(int(f.get("size") or 0) for f in files.values()) or None
         return state
 
     # ---- save -----------------------------------------------------------------------------
@@ -138,27 +195,97 @@ class Checkpointer:
         t0 = ctx.clock()
         final = ctx.paths.checkpoint(step)
         ctx.log(f"saving checkpoint at iteration {step:7d} to {final}")
+        stop = None
         if ctx.is_first:
-            commit.prepare_staging(ctx.paths.checkpoints, step, storage=ctx.storage)
-        dist.barrier()
+            stop = self._stage(step)
+        self._agree(stop)  # every rank learns a refused save (no room, no access) before writing a byte
         meta = self._meta(state)
         chunks, optimizer, scheduler = self.parts
         sd = megatron_ckpt.sharded_state(chunks, optimizer, scheduler, meta,
                                          distributed_optimizer=self._distributed_optimizer, is_loading=False)
-        megatron_ckpt.save_shards(ctx.paths.staging(step), sd, distributed_optimizer=self._distributed_optimizer)
+        try:
+            megatron_ckpt.save_shards(ctx.paths.staging(step), sd, distributed_optimizer=self._distributed_optimizer)
+        except Exception as e:  # a write failure reaches every rank (dist_checkpointing gathers it)
+            self._agree(self._failed(e, step) if ctx.is_first else None, e)
+            raise
         dist.barrier()
         if ctx.is_first:
             if ctx.hooks.save_sleep_s > 0:
                 ctx.sleep(ctx.hooks.save_sleep_s)
-            result = commit.commit(ctx.paths.checkpoints, step, meta, keep=ctx.job.training.keep_checkpoints,
-                                   storage=ctx.storage)
-            ctx.emit("checkpoint_saved", step=step, path=str(result.path), seconds=ctx.clock() - t0,
-                     bytes=result.bytes, reason=reason)
-        dist.barrier()
+            try:
+                result = commit.commit(ctx.paths.checkpoints, step, meta, keep=ctx.job.training.keep_checkpoints,
+                                       storage=ctx.storage, run=self.identity)
+            except Exception as e:
+                stop = self._failed(e, step)
+                if stop is None:
+                    raise
+            else:
+                self._committed(result, step, reason, t0)
+        self._agree(stop)
         self.saved_steps.add(step)
         seconds = ctx.clock() - t0
         ctx.log(f"  successfully saved checkpoint at iteration {step:7d} to {final} ({seconds:.2f} s)")
         return seconds
+
+    def _stage(self, step: int) -> Optional[dict]:
+        """Rank 0: an empty staging directory, and the free-space check against the expected size."""
+        from recovery import commit, policy
+        from recovery.savefail import save_failed, space_warning
+
+        ctx = self.ctx
+        try:
+            commit.prepare_staging(ctx.paths.checkpoints, step, storage=ctx.storage)
+        except Exception as e:
+            stop = save_failed(e, ctx.paths.checkpoints, step, storage=ctx.storage)
+            if stop is None:
+                raise
+            return stop
+        expected = self.last_bytes or self._planned_bytes()
+        warn = space_warning(ctx.paths.checkpoints, expected, storage=ctx.storage)
+        if warn is None:
+            return None
+        text, fields = warn
+        if self.last_bytes and fields["free_bytes"] < self.last_bytes:  # a measured size that cannot fit: stop now
+            commit.abort_save(ctx.paths.checkpoints, step, storage=ctx.storage)
+            detail = (f"disk full before saving step {step}: {fields['free_bytes']} bytes free at {fields['path']}, "
+                      f"the last checkpoint took {self.last_bytes}; nothing was written, committed checkpoints are "
+                      f"untouched. Free space, then resubmit the same run.name")
+            return {"reason": "disk_full", "code": policy.EXIT_DISK_FULL, "detail": detail, "step": step, **fields}
+        ctx.emit("disk_space_warning", detail=text, step=step, **fields)
+        ctx.log(f"WARNING: {text}")
+        return None
+
+    def _failed(self, exc: BaseException, step: int) -> Optional[dict]:
+        from recovery.savefail import save_failed
+
+        return save_failed(exc, self.ctx.paths.checkpoints, step, storage=self.ctx.storage)
+
+    def _agree(self, stop: Optional[dict], exc: Optional[BaseException] = None) -> None:
+        """Rank 0's verdict on the save to every rank; a refused save raises :class:`SaveFailed` everywhere."""
+        stop = broadcast(stop)
+        if stop is not None:
+            raise SaveFailed(stop) from exc
+
+    def _committed(self, result: Any, step: int, reason: str, t0: float) -> None:
+        ctx = self.ctx
+        self.last_bytes = result.bytes
+        ctx.emit("checkpoint_saved", step=step, path=str(result.path), seconds=ctx.clock() - t0,
+                 bytes=result.bytes, reason=reason)
+        for original, dest, why in result.quarantined:
+            ctx.emit("quarantine", path=str(original), to=str(dest), reason=why, detail=f"quarantined: {why}")
+            ctx.log(f"WARNING: quarantined {original} -> {dest}: {why}")
+        if result.prune_error:
+            ctx.emit("prune_skipped", detail=result.prune_error, step=step)
+            ctx.log(f"WARNING: old checkpoints not pruned: {result.prune_error}")
+
+    def _planned_bytes(self) -> Optional[float]:
+        """The planner's checkpoint size (before the first save measures one); None if it cannot say."""
+        try:
+            from launch.planner.estimate import checkpoint_bytes
+
+            return float(checkpoint_bytes(self.ctx.job))
+        except Exception:  # an estimate only; the save itself is the real test
+            return None
 
     def _meta(self, state: Any) -> dict:
         """The manifest's summary: enough for a resume to refuse an incompatible checkpoint unopened."""

@@ -90,6 +90,7 @@ class RankContext:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     now: Callable[[], datetime.datetime] = datetime.datetime.now  # the log lines' time stamps
+    run_lock: Any = None  # recovery.lock.Acquired: rank 0 holds the run for the whole attempt
     cuda: bool = False  # set by init_distributed
     device: Any = None  # torch.device, set by init_distributed
 

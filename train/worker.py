@@ -86,6 +86,8 @@ def main(argv: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = No
     try:
         return _run_reporting(ctx)
     finally:
+        if ctx.run_lock is not None:  # the attempt is over: the next writer may come
+            ctx.run_lock.release()
         # The outcome is decided and durable: a late warning or SIGTERM has nothing left to stop,
         # and during interpreter shutdown Python restores the default action (terminate), which
         # would turn a completed rank into a FAILED job step.
@@ -98,6 +100,15 @@ def _run_reporting(ctx: RankContext) -> int:
     except BaseException as e:  # report every failure, then let the code say crash
         import traceback
 
+        from train.checkpointer import SaveFailed
+
+        if isinstance(e, SaveFailed):  # the filesystem refused a save: a named, final stop (no traceback needed)
+            stop = e.stop
+            fields = {k: v for k, v in stop.items() if k not in ("reason", "code", "detail")}
+            ctx.emit("stop", reason=stop["reason"], code=stop["code"], detail=stop["detail"], **fields)
+            ctx.emit("exit", reason=stop["reason"], code=stop["code"], step=stop.get("step"))
+            ctx.log(f"stopping: {stop['reason']}: {stop['detail']}")
+            return int(stop["code"])
         traceback.print_exc()
         reason = "optimizer_mismatch" if type(e).__name__ == "CheckpointMismatch" else "crash"
         ctx.emit("stop", reason=reason, code=EXIT_CRASH, detail=f"{type(e).__name__}: {e}"[:2000])
@@ -128,10 +139,10 @@ def _train(ctx: RankContext) -> int:
              source=ctx.dist.source)
     if not start.ok:
         return _refuse_start(ctx, start)
-    vet_resume(ctx, start.resume)
+    vet_resume(ctx, start)
 
     parts = train_loop.build_training(job, iters, cuda=ctx.cuda, device=ctx.device)
-    ckpt = Checkpointer(ctx, parts)
+    ckpt = Checkpointer(ctx, parts, start.identity)
     state = ckpt.load(start.resume)
     source = build_source(job.data, job.model, iters * t.global_batch_size, ctx.paths.data_cache)
     result = train_loop.run_loop(ctx, parts, ckpt, source, state, iters)
@@ -148,6 +159,9 @@ def _train(ctx: RankContext) -> int:
 
 def _refuse_start(ctx: RankContext, start) -> int:
     """The requeue policy said no (zero progress, too many restarts): say why, exit with its code."""
+    from train.checkpointer import announce
+
+    announce(ctx, start)
     dec = start.decision
     ctx.emit("stop", reason=dec["reason"], code=dec["code"], detail=dec["detail"])
     ctx.emit("exit", reason=dec["reason"], code=dec["code"], step=start.resume.step)
