@@ -148,15 +148,37 @@ class LocalLauncher:
 
 
 def _tee(src, log: Any, echo: TextIO) -> None:
+    """Copy a rank's output to its log file and the terminal; neither failing stops the copy.
+
+    A full disk (ENOSPC on the log) or a closed terminal is reported once on the other side,
+    and the rank's pipe keeps being drained: a launcher must never die, and a rank never block
+    on a full pipe, because of the launcher's own logging.
+    """
+    log_err = echo_err = None
     for line in iter(src.readline, b""):
-        log.write(line)
-        log.flush()
-        try:
-            echo.write(line.decode("utf-8", errors="replace"))
-            echo.flush()
-        except (OSError, ValueError):
-            pass
+        if log_err is None:
+            try:
+                log.write(line)
+                log.flush()
+            except (OSError, ValueError) as e:
+                log_err = e
+                _note(echo, f"WARNING: cannot write the rank log ({e}); its output is only shown here\n")
+        if echo_err is None:
+            try:
+                echo.write(line.decode("utf-8", errors="replace"))
+                echo.flush()
+            except (OSError, ValueError) as e:
+                echo_err = e
+                _note(log, f"WARNING: cannot echo to the terminal ({e}); the output goes on in this log\n".encode())
     src.close()
+
+
+def _note(out: Any, text: Any) -> None:
+    try:
+        out.write(text)
+        out.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def run(

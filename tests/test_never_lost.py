@@ -358,3 +358,31 @@ def test_a_disk_full_save_removes_staging_and_names_path_and_numbers(tmp_path):
     eio = save_failed(OSError(errno.EIO, "I/O error", "/x"), tmp_path, 20)
     assert eio["reason"] == "storage_error" and eio["code"] == policy.EXIT_STORAGE
     assert save_failed(ValueError("a bug"), tmp_path, 20) is None
+
+
+# ---- the local launcher never dies from its own log echo -------------------------------------------
+
+def test_log_echo_survives_a_full_disk_and_a_closed_terminal():
+    import io
+
+    from launch.local import _tee
+
+    class Full:
+        def write(self, _b):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        def flush(self):
+            pass
+
+    class Closed(io.StringIO):
+        def write(self, _s):
+            raise OSError(errno.EIO, "Input/output error")
+
+    lines = b"".join(b"iteration %d\n" % i for i in range(1000))
+    echo = io.StringIO()
+    _tee(io.BytesIO(lines), Full(), echo)  # no exception, every line still shown
+    out = echo.getvalue()
+    assert out.count("iteration ") == 1000 and out.count("WARNING: cannot write the rank log") == 1
+    log = io.BytesIO()
+    _tee(io.BytesIO(lines), log, Closed())
+    assert log.getvalue().count(b"iteration ") == 1000 and b"WARNING: cannot echo to the terminal" in log.getvalue()
