@@ -386,3 +386,66 @@ def test_log_echo_survives_a_full_disk_and_a_closed_terminal():
     log = io.BytesIO()
     _tee(io.BytesIO(lines), log, Closed())
     assert log.getvalue().count(b"iteration ") == 1000 and b"WARNING: cannot echo to the terminal" in log.getvalue()
+
+
+# ---- rank 0's decisions, with a plain context (no torch.distributed) ----------------------------------
+
+def _rank0_ctx(tmp_path, *overrides, storage=None, restart=0):
+    from launch.compose import compose_job
+
+    job = compose_job(["model=tiny", "cluster=local", f"run.dir={tmp_path}", "run.name=ctxrun", *overrides])
+    events = []
+    ctx = SimpleNamespace(job=job, paths=job.paths_at(tmp_path), env={}, restart=restart, job_id=None,
+                          storage=storage or LocalStorage(), run_lock=None, is_first=True,
+                          emit=lambda ev, **f: events.append((ev, f)), log=lambda m: events.append(("log", m)))
+    return ctx, events
+
+
+def test_rank0_takes_the_lock_names_the_run_and_refuses_a_second_writer(tmp_path):
+    from train.checkpointer import _decide
+
+    ctx, _ = _rank0_ctx(tmp_path)
+    start = _decide(ctx)
+    assert start.ok and start.identity["name"] == "ctxrun"
+    assert start.identity["id"] == (tmp_path / "run_id").read_text().strip()
+    second, _ = _rank0_ctx(tmp_path)
+    refused = _decide(second)
+    assert not refused.ok and refused.decision["reason"] == "run_locked"
+    assert refused.decision["code"] == policy.EXIT_RUN_LOCKED and f"pid {os.getpid()}" in refused.decision["detail"]
+    ctx.run_lock.release()
+
+
+def test_rank0_restart_from_scratch_only_on_a_fresh_submission(tmp_path):
+    from train.checkpointer import _decide
+
+    ck = tmp_path / "checkpoints"
+    ctx, _ = _rank0_ctx(tmp_path, "training.restart_from_scratch=true", restart=1)
+    ident = _decide(ctx).identity
+    ctx.run_lock.release()
+    save(ck, 10, run=ident)
+    flip(final_path(ck, 10))
+    requeued, _ = _rank0_ctx(tmp_path, "training.restart_from_scratch=true", restart=1)
+    start = _decide(requeued)  # a requeue never throws checkpoints away, even with the flag set
+    assert not start.ok and start.decision["reason"] == "no_loadable_checkpoint"
+    requeued.run_lock.release()
+    fresh, _ = _rank0_ctx(tmp_path, "training.restart_from_scratch=true", restart=0)
+    start = _decide(fresh)
+    assert start.ok and start.resume.path is None and [n["event"] for n in start.notices][0] == "start_over"
+    assert len(list_quarantine(ck)) == 1
+    fresh.run_lock.release()
+
+
+def test_a_save_that_cannot_fit_stops_before_writing(tmp_path):
+    from train.checkpointer import Checkpointer
+
+    ck = tmp_path / "checkpoints"
+    save(ck, 10)
+    ctx, events = _rank0_ctx(tmp_path, storage=SmallDisk(500))
+    ckpt = Checkpointer(ctx, parts=None)
+    ckpt.last_bytes = 10_000
+    stop = ckpt._stage(20)
+    assert stop["reason"] == "disk_full" and stop["code"] == policy.EXIT_DISK_FULL and stop["free_bytes"] == 500
+    assert names(ck) == ["iter_0000010"]  # no staging left behind
+    ckpt.last_bytes = 300  # fits once, not twice: a warning and an event, the save goes on
+    assert ckpt._stage(20) is None
+    assert [e for e, _ in events if e != "log"] == ["disk_space_warning"]
