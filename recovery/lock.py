@@ -103,20 +103,21 @@ def pid_alive(pid: int, start: Optional[float]) -> bool:
 def squeue_states(job_ids: list, runner: Callable[..., Any] = subprocess.run) -> dict:
     """{job id: state} of the jobs ``squeue`` still lists (pending, running, ...); ended jobs are absent.
 
-    Raises ``OSError`` when ``squeue`` is missing and ``RuntimeError`` when it fails: "cannot
-    tell" must not read as "not running".
+    Asked through :class:`recovery.slurm.Slurm` (one injected runner). Raises ``RuntimeError``
+    when ``squeue`` is missing or fails: "cannot tell" must not read as "not running".
     """
     ids = [str(j) for j in job_ids if j]
     if not ids:
         return {}
-    proc = runner(["squeue", "-h", "-o", "%i|%T", "-j", ",".join(ids)], capture_output=True, text=True, timeout=60)
-    text = f"{proc.stderr or ''}"
-    if proc.returncode != 0:
-        if "Invalid job id" in text:  # every id is unknown to slurmctld: all long gone
+    from recovery.slurm import Slurm
+
+    reply = Slurm(runner).call(["squeue", "-h", "-o", "%i|%T", "-j", ",".join(ids)], timeout=60)
+    if not reply.ok:
+        if "Invalid job id" in reply.err:  # every id is unknown to slurmctld: all long gone
             return {}
-        raise RuntimeError(f"squeue -j {','.join(ids)} exited {proc.returncode}: {text.strip()[:300]}")
+        raise RuntimeError(f"squeue -j {','.join(ids)} exited {reply.rc}: {reply.words}")
     out = {}
-    for line in (proc.stdout or "").splitlines():
+    for line in reply.out.splitlines():
         jid, _, state = line.strip().partition("|")
         if jid:
             out[jid.split("_")[0]] = state.strip()
