@@ -121,10 +121,18 @@ def to_transformer_config(
         perform_initialization=True,  # also tags TP attributes; init_layout_independent() then redraws
         gradient_accumulation_fusion=False,
         bias_activation_fusion=cuda and model.swiglu,
-        masked_softmax_fusion=cuda,
+        masked_softmax_fusion=cuda and fused_softmax_available(),
         apply_rope_fusion=False,
         persist_layer_norm=False,
     )
+
+
+def fused_softmax_available() -> bool:
+    """Megatron-LM's compiled softmax kernels: not in the megatron-core wheel. With the fusion on
+    and the module absent, the first bf16 attention forward raises ModuleNotFoundError."""
+    import importlib.util
+
+    return importlib.util.find_spec("scaled_upper_triang_masked_softmax_cuda") is not None
 
 
 def have_transformer_engine() -> bool:

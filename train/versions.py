@@ -9,8 +9,9 @@ code :data:`recovery.policy.EXIT_UNSUPPORTED`, and ``stop``/``exit`` events that
 crash-requeue path (:mod:`recovery.crash`) treats as final: another attempt on the same
 software would fail the same way.
 
-``training.precision=fp8`` is refused the same way when TransformerEngine is not importable:
-Megatron-Core's fp8 path lives in TE's layers.
+``training.precision=fp8`` is refused the same way: without TransformerEngine (Megatron-Core's
+fp8 path lives in TE's layers) it cannot run, and with TE the translator has no fp8 recipe yet
+(it would otherwise crash in :func:`train.megatron_model.params_dtype` and be requeued).
 
 Pre-releases and local builds count as their release number: NGC images ship torch as
 ``2.x.0a0+<git hash>``, which is that release's code, and PEP 440 would otherwise order it
@@ -114,6 +115,9 @@ def refusal(precision: str = "", **probes: Callable) -> Optional[str]:
         return (f"slurmtron: refusing to start: training.precision=fp8 needs TransformerEngine, which is "
                 f"not importable here (found {seen}); fix: training.precision=bf16, or an image with "
                 f"TransformerEngine")
+    if precision == "fp8":  # TE is there, but the translator has no fp8 recipe (never run on hardware)
+        return (f"slurmtron: refusing to start: training.precision=fp8 is not supported by this worker yet "
+                f"(TransformerEngine is importable; found {seen}); fix: training.precision=bf16")
     return None
 
 
@@ -132,6 +136,7 @@ def refuse_unsupported(run_dir: Path, env: Mapping[str, str], precision: str = "
     line = refusal(precision, **probes)
     if line is None:
         return None
+    from launch.paths import RunPaths
     from recovery.events import EventLog
     from recovery.policy import EXIT_UNSUPPORTED, restart_count_from_env
 
@@ -141,7 +146,7 @@ def refuse_unsupported(run_dir: Path, env: Mapping[str, str], precision: str = "
         restart = restart_count_from_env(env)
     except ValueError:
         restart = 0
-    events = EventLog(Path(run_dir) / "events.jsonl", rank=rank, job_id=env.get("SLURM_JOB_ID"),
+    events = EventLog(RunPaths.of(run_dir).events, rank=rank, job_id=env.get("SLURM_JOB_ID"),
                       restart_count=restart, enabled=rank == 0)
     events.emit("stop", reason="unsupported_software", code=EXIT_UNSUPPORTED, detail=line)
     events.emit("exit", reason="unsupported_software", code=EXIT_UNSUPPORTED, step=None)
