@@ -18,6 +18,10 @@ It applies the same policy as a Slurm job with ``--requeue``:
 * SIGINT/SIGTERM to this launcher are forwarded to the ranks (they save and exit 42), and
   an interrupted run is not relaunched: the user asked it to stop.
 
+:class:`Ranks` is the one local spawner of rank programs: this launcher, the preflight's local
+run (``launch/preflight.py``) and the test harnesses (``tests/faults.py``, ``tests/trainutil.py``)
+all start, watch and kill local ranks through it.
+
 No torch here: ``launch/pretrain.py`` imports this on the login-node path.
 """
 from __future__ import annotations
@@ -30,26 +34,156 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, List, Mapping, Optional, TextIO
+from typing import Any, Callable, List, Mapping, Optional, Sequence, TextIO
 
 from launch.dist_env import free_port
+from launch.paths import RunPaths
 from recovery.policy import FINAL_CODES
 
 EXIT_COMPLETED = 0
 EXIT_REQUEUE = 42
 TERMINAL = FINAL_CODES  # codes after which nothing is relaunched
+WORKER_MODULE = "train.worker"
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def rank_env(base: Mapping[str, str], rank: int, world: int, port: int, attempt: int, repo_root: str) -> dict:
-    """The environment of one local rank."""
+    """The environment of one local rank: torchrun-style variables, every inherited SLURM_* removed.
+
+    ``OMP_NUM_THREADS`` defaults to 1: the thread count changes the order of float reductions,
+    and a bitwise comparison of two attempts needs the same order in both.
+    """
     env = {k: v for k, v in base.items() if not k.startswith("SLURM_")}  # not a Slurm task
     env.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port), SLURMTRON_RESTART_COUNT=str(attempt),
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLURMTRON_RESTART_COUNT=str(attempt),
         PYTHONPATH=os.pathsep.join([repo_root] + ([base["PYTHONPATH"]] if base.get("PYTHONPATH") else [])),
-        OMP_NUM_THREADS=base.get("OMP_NUM_THREADS", "1"),
+        PYTHONUNBUFFERED="1", OMP_NUM_THREADS=base.get("OMP_NUM_THREADS", "1"),
     )
     return env
+
+
+@dataclass
+class Finished:
+    """How one local attempt's ranks ended."""
+
+    codes: List[Optional[int]]  # per rank (negative: killed by that signal)
+    killed: List[bool]  # this launcher killed the rank (after a peer failed, or at the time limit)
+    timed_out: bool = False
+
+
+@dataclass
+class Ranks:
+    """``world`` local processes of one rank program (``python -m <module> <dir>``), one attempt.
+
+    The one place that spawns local ranks: ``cluster=local`` (:class:`LocalLauncher`), the
+    preflight's local run and the test harnesses all start, watch and stop ranks through it.
+    Each rank runs in its own session (process group), so a kill takes its helper processes
+    with it, as when Slurm ends a job step. Everything with side effects is injected.
+    """
+
+    argv: Sequence[str]  # the program and its arguments, without the interpreter
+    world: int
+    log_path: Callable[[int], Path]  # rank -> the file its output is appended to
+    env: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
+    attempt: int = 0  # SLURMTRON_RESTART_COUNT
+    python: str = sys.executable
+    echo: Optional[TextIO] = None  # the last rank's output is also echoed here, live
+    popen: Callable[..., Any] = subprocess.Popen
+    clock: Callable[[], float] = time.monotonic
+    sleep: Callable[[float], None] = time.sleep
+    poll_s: float = 0.2
+    procs: List[Any] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._files: List[Any] = []
+        self._threads: List[threading.Thread] = []
+
+    def start(self) -> "Ranks":
+        port = free_port()
+        repo_root = str(REPO_ROOT)
+        self.procs = []
+        for r in range(self.world):
+            path = Path(self.log_path(r))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            out = open(path, "ab")
+            self._files.append(out)
+            tee = r == self.world - 1 and self.echo is not None
+            p = self.popen(
+                [self.python, *self.argv], env=rank_env(self.env, r, self.world, port, self.attempt, repo_root),
+                cwd=repo_root, stdout=subprocess.PIPE if tee else out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            self.procs.append(p)
+            if tee:
+                th = threading.Thread(target=_tee, args=(p.stdout, out, self.echo), daemon=True)
+                th.start()
+                self._threads.append(th)
+        return self
+
+    def codes(self) -> List[Optional[int]]:
+        return [p.poll() for p in self.procs]
+
+    def send(self, signum: int, rank: Optional[int] = None, *, group: bool = True) -> None:
+        """``signum`` to one rank or all; ``group``: to every process of the rank's session."""
+        for p in self.procs if rank is None else [self.procs[rank]]:
+            if group:
+                _killpg(p, signum)
+            elif p.poll() is None:
+                try:
+                    p.send_signal(signum)
+                except OSError:
+                    pass
+
+    def wait(self, *, timeout_s: Optional[float] = None, grace_s: float = 5.0,
+             healthy: Sequence[int] = (EXIT_COMPLETED, EXIT_REQUEUE),
+             tick: Optional[Callable[["Ranks"], None]] = None) -> Finished:
+        """Until every rank ended. When one ends with a code outside ``healthy``, the others get
+        ``grace_s`` seconds, then are killed (``srun --kill-on-bad-exit``); so are all at ``timeout_s``.
+        ``tick`` runs at every poll (the fault harness fires its faults there)."""
+        deadline = None if timeout_s is None else self.clock() + timeout_s
+        first_bad = None
+        timed_out = False
+        while True:
+            codes = self.codes()
+            if all(c is not None for c in codes):
+                return self._close(Finished(codes, [False] * len(codes)))
+            now = self.clock()
+            if deadline is not None and now > deadline:
+                timed_out = True
+                break
+            if first_bad is None and any(c is not None and c not in healthy for c in codes):
+                first_bad = now
+            if first_bad is not None and now - first_bad > grace_s:
+                break
+            if tick is not None:
+                tick(self)
+            self.sleep(self.poll_s)
+        killed = [p.poll() is None for p in self.procs]
+        for p, k in zip(self.procs, killed):
+            if k:
+                if not _killpg(p, signal.SIGKILL):
+                    p.kill()
+        return self._close(Finished([p.wait() for p in self.procs], killed, timed_out))
+
+    def _close(self, finished: Finished) -> Finished:
+        for p in self.procs:  # helper processes left in an ended rank's session
+            _killpg(p, signal.SIGKILL)
+        for th in self._threads:
+            th.join(timeout=10)
+        for f in self._files:
+            f.close()
+        self._files, self._threads = [], []
+        return finished
+
+
+def _killpg(proc: Any, signum: int) -> bool:
+    """``signum`` to every process of ``proc``'s session; False if there is none."""
+    try:
+        os.killpg(proc.pid, signum)
+        return True
+    except OSError:
+        return False
 
 
 @dataclass
@@ -74,7 +208,7 @@ class Attempt:
 
 @dataclass
 class LocalLauncher:
-    """Start, watch and stop one attempt's ranks; everything with side effects is injected."""
+    """Start, watch and stop each attempt's ranks of ``python -m train.worker RUN_DIR``."""
 
     run_dir: Path
     world: int
@@ -85,66 +219,28 @@ class LocalLauncher:
     poll_s: float = 0.2
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
-    procs: List[Any] = field(default_factory=list)
+    ranks: Optional[Ranks] = None
     interrupted: bool = False
+
+    @property
+    def procs(self) -> List[Any]:
+        return self.ranks.procs if self.ranks else []
 
     def forward(self, signum: int) -> None:
         """Pass a stop signal to every rank (they checkpoint and exit 42)."""
         self.interrupted = True
-        for p in self.procs:
-            if p.poll() is None:
-                try:
-                    p.send_signal(signum)
-                except OSError:
-                    pass
+        if self.ranks:
+            self.ranks.send(signum, group=False)
 
     def launch(self, attempt: int) -> Attempt:
-        logs = Path(self.run_dir) / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
-        port = free_port()
-        repo_root = str(Path(__file__).resolve().parent.parent)
-        self.procs, files, echo_threads = [], [], []
-        for r in range(self.world):
-            out = open(logs / f"local_{attempt}_rank{r}.out", "ab")
-            files.append(out)
-            env = rank_env(self.env, r, self.world, port, attempt, repo_root)
-            last = r == self.world - 1 and self.echo is not None
-            p = self.popen(
-                [self.python, "-m", "train.worker", str(self.run_dir)],
-                env=env, cwd=repo_root, stdout=subprocess.PIPE if last else out,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )
-            self.procs.append(p)
-            if last:
-                th = threading.Thread(target=_tee, args=(p.stdout, out, self.echo), daemon=True)
-                th.start()
-                echo_threads.append(th)
-        codes = self._wait()
-        for th in echo_threads:
-            th.join(timeout=10)
-        for f in files:
-            f.close()
-        return Attempt(attempt, codes, self.interrupted)
-
-    def _wait(self) -> List[Optional[int]]:
-        """Wait for all ranks; if one fails, give the rest a moment, then kill them."""
-        deadline = None
-        while True:
-            codes = [p.poll() for p in self.procs]
-            if all(c is not None for c in codes):
-                return codes
-            bad = any(c is not None and c not in (0, EXIT_REQUEUE) for c in codes)
-            if bad and deadline is None:
-                deadline = self.clock() + 5.0
-            if deadline is not None and self.clock() > deadline:
-                for p in self.procs:
-                    if p.poll() is None:
-                        try:
-                            os.killpg(p.pid, signal.SIGKILL)
-                        except OSError:
-                            p.kill()
-                return [p.wait() for p in self.procs]
-            self.sleep(self.poll_s)
+        paths = RunPaths.of(self.run_dir)
+        self.ranks = Ranks(
+            argv=["-m", WORKER_MODULE, str(self.run_dir)], world=self.world,
+            log_path=lambda r: paths.rank_log(attempt, r), env=self.env, attempt=attempt, python=self.python,
+            echo=self.echo, popen=self.popen, clock=self.clock, sleep=lambda dt: self.sleep(dt), poll_s=self.poll_s,
+        ).start()
+        done = self.ranks.wait(grace_s=5.0)
+        return Attempt(attempt, done.codes, self.interrupted)
 
 
 def _tee(src, log: Any, echo: TextIO) -> None:
@@ -193,8 +289,8 @@ def run(
 ) -> int:
     """Run ``job`` (whose config.yaml is already in ``run_dir``) to completion; return its exit code."""
     run_dir = Path(run_dir)
-    if not (run_dir / "config.yaml").exists():
-        raise FileNotFoundError(f"{run_dir}/config.yaml missing: write the composed job first")
+    if not RunPaths.of(run_dir).config.exists():
+        raise FileNotFoundError(f"{RunPaths.of(run_dir).config} missing: write the composed job first")
     launcher = LocalLauncher(
         run_dir=run_dir, world=job.world_size, popen=popen,
         env=dict(os.environ if env is None else env), echo=sys.stdout if echo is None else echo,

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -100,39 +99,14 @@ def run_local(job: Job, pf_dir: Path, timeout_s: float, *, popen: Callable[..., 
               env: Optional[Mapping[str, str]] = None, clock: Callable[[], float] = time.monotonic,
               sleep: Callable[[float], None] = time.sleep) -> list[Optional[int]]:
     """Start the ranks as local processes and wait; returns their codes (None = killed on timeout)."""
-    from launch.dist_env import free_port
-    from launch.local import rank_env
+    from launch.local import Ranks
 
-    base = dict(os.environ if env is None else env)
-    repo_root = str(Path(__file__).resolve().parent.parent)
-    port, world = free_port(), job.world_size
-    procs = []
-    for r in range(world):
-        with open(pf_dir / "logs" / f"rank{r}.out", "ab") as out:
-            procs.append(popen([sys.executable, "-m", WORKER_MODULE, str(pf_dir)],
-                               env=rank_env(base, r, world, port, 0, repo_root), cwd=repo_root, stdout=out,
-                               stderr=subprocess.STDOUT, start_new_session=True))
-    deadline, grace = clock() + timeout_s + 60, None
-    while True:
-        codes = [p.poll() for p in procs]
-        if all(c is not None for c in codes):
-            return codes
-        if grace is None and any(c not in (None, 0) for c in codes):
-            grace = clock() + 10.0  # one rank failed: the others would wait in a collective
-        if clock() > deadline or (grace is not None and clock() > grace):
-            final: list[Optional[int]] = []
-            for p in procs:
-                if p.poll() is None:
-                    try:
-                        os.killpg(p.pid, signal.SIGKILL)
-                    except OSError:
-                        p.kill()
-                    p.wait()
-                    final.append(None)
-                else:
-                    final.append(p.returncode)
-            return final
-        sleep(0.2)
+    ranks = Ranks(argv=["-m", WORKER_MODULE, str(pf_dir)], world=job.world_size,
+                  log_path=lambda r: pf_dir / "logs" / f"rank{r}.out", env=dict(os.environ if env is None else env),
+                  popen=popen, clock=clock, sleep=sleep).start()
+    # one rank failed: the others would wait in a collective; give them 10 s, then kill them
+    done = ranks.wait(timeout_s=timeout_s + 60, grace_s=10.0, healthy=(0,))
+    return [None if k else c for c, k in zip(done.codes, done.killed)]
 
 
 def finish(run_dir: Path, pf_dir: Path, codes: Sequence[Optional[int]], out: TextIO) -> int:

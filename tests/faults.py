@@ -21,21 +21,20 @@ would when Slurm kills a task. No torch here.
 from __future__ import annotations
 
 import os
-import random
 import signal
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
-from launch.dist_env import free_port  # noqa: F401  (re-exported for the fault tests)
+from launch.local import WORKER_MODULE, Ranks
+from launch.paths import RunPaths
 from recovery.commit import parse_dir_name
 from recovery.events import parse_json_lines, read_events
 from recovery.policy import EXIT_COMPLETED, EXIT_MAX_RESTARTS, EXIT_ZERO_PROGRESS
 
+LOG_PREFIX = "faults"  # logs/faults_<restart>_rank<r>.out
 KINDS = ("signal_all", "signal_rank", "kill_rank", "kill_in_save", "corrupt_latest")
 
 
@@ -97,25 +96,6 @@ class Attempt:
         return self.codes[0]
 
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def rank_env(base: Mapping[str, str], rank: int, world: int, port: int, restart: int) -> dict:
-    """A torchrun-style environment for one rank, with every inherited SLURM_* removed.
-
-    ``OMP_NUM_THREADS`` defaults to 1: the thread count changes the order of float
-    reductions, and a bitwise comparison needs the same order in every attempt.
-    """
-    env = {k: v for k, v in base.items() if not k.startswith("SLURM_")}
-    env.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLURMTRON_RESTART_COUNT=str(restart),
-        PYTHONUNBUFFERED="1", OMP_NUM_THREADS=base.get("OMP_NUM_THREADS", "1"),
-        PYTHONPATH=os.pathsep.join([str(REPO_ROOT)] + ([base["PYTHONPATH"]] if base.get("PYTHONPATH") else [])),
-    )
-    return env
-
-
 def flip_byte_in_latest(ckpt_root: Path) -> Optional[Path]:
     """Flip one byte in the middle of the largest file of the newest ``iter_N`` directory."""
     finals = sorted(
@@ -146,13 +126,6 @@ def _staging_with_files(ckpt_root: Path, since: float) -> Optional[Path]:
             except FileNotFoundError:  # renamed under us: the commit won the race
                 continue
     return None
-
-
-def _killpg(proc: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class EventTail:
@@ -186,15 +159,12 @@ def run_attempt(
     timeout_s: float = 300.0,
     kill_grace_s: float = 5.0,
     python: str = sys.executable,
-    cwd: Optional[Path] = None,
     poll_s: float = 0.05,
     clock: Callable[[], float] = time.time,
 ) -> Attempt:
     """Start every rank, inject each fault when its trigger is seen, wait for all to end."""
-    run_dir = Path(run_dir)
-    ckpt_root = Path(ckpt_root or run_dir / "checkpoints")
-    logs = run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
+    paths = RunPaths.of(run_dir)
+    ckpt_root = Path(ckpt_root or paths.checkpoints)
     base = dict(os.environ if env is None else env)
     for f in faults:
         base.update(f.env)
@@ -207,79 +177,46 @@ def run_attempt(
                 att.fired.append((f, clock(), str(target)))
         else:
             pending.append(f)
-    tail = EventTail(run_dir / "events.jsonl")
-    port = free_port()
-    procs: list[subprocess.Popen] = []
-    outs = []
-    att.started = clock()
-    for r in range(world):
-        out = open(logs / f"faults_{restart}_rank{r}.out", "ab")
-        outs.append(out)
-        procs.append(subprocess.Popen(
-            [python, "-m", "train.worker", str(run_dir)],
-            env=rank_env(base, r, world, port, restart), stdout=out, stderr=subprocess.STDOUT,
-            cwd=str(cwd or REPO_ROOT), start_new_session=True,
-        ))
-    deadline = att.started + timeout_s
-    first_death: Optional[float] = None
+    tail = EventTail(paths.events)
     iterations = 0
-    try:
-        while True:
-            for i, p in enumerate(procs):
-                if att.codes[i] is None and p.poll() is not None:
-                    att.codes[i] = p.returncode
-            if all(c is not None for c in att.codes):
-                break
-            now = clock()
-            if now > deadline:
-                att.timed_out = True
-                break
-            if first_death is None and any(c is not None and c != 0 for c in att.codes):
-                first_death = now
-            if first_death is not None and now - first_death > kill_grace_s:
-                break  # like srun --kill-on-bad-exit: a dead rank takes the step down
-            for rec in tail.new():
-                if rec.get("event") == "iteration" and rec.get("restart_count") == restart:
-                    iterations += 1
-            if pending and _fire(pending[0], att, procs, iterations, ckpt_root, clock):
-                pending.pop(0)
-            time.sleep(poll_s)
-    finally:
-        for i, p in enumerate(procs):
-            if att.codes[i] is None:
-                _killpg(p, signal.SIGKILL)
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    pass
-                att.codes[i] = p.returncode if p.returncode is not None else -9
-            _killpg(p, signal.SIGKILL)  # helpers left in the rank's group
-        for out in outs:
-            out.close()
+
+    def tick(ranks: Ranks) -> None:  # every poll: count this attempt's iterations, fire the next fault
+        nonlocal iterations
+        for rec in tail.new():
+            if rec.get("event") == "iteration" and rec.get("restart_count") == restart:
+                iterations += 1
+        if pending and _fire(pending[0], att, ranks, iterations, ckpt_root, clock):
+            pending.pop(0)
+
+    att.started = clock()
+    ranks = Ranks(argv=["-m", WORKER_MODULE, str(run_dir)], world=world,
+                  log_path=lambda r: paths.rank_log(restart, r, prefix=LOG_PREFIX), env=base, attempt=restart,
+                  python=python, clock=clock, poll_s=poll_s).start()
+    done = ranks.wait(timeout_s=timeout_s, grace_s=kill_grace_s, healthy=(EXIT_COMPLETED,), tick=tick)
+    att.codes, att.timed_out = done.codes, done.timed_out
     att.ended = clock()
     return att
 
 
-def _fire(fault: Fault, att: Attempt, procs: list, iterations: int, ckpt_root: Path,
+def _fire(fault: Fault, att: Attempt, ranks: Ranks, iterations: int, ckpt_root: Path,
           clock: Callable[[], float]) -> bool:
     """Inject ``fault`` if its trigger is met; True if it fired."""
     if iterations < fault.after_steps:
         return False
     if fault.kind == "signal_all":
-        for p in procs:
-            _killpg(p, fault.signum)
+        ranks.send(fault.signum)
         detail = f"after {iterations} step(s)"
     elif fault.kind == "signal_rank":
-        _killpg(procs[fault.rank], fault.signum)
+        ranks.send(fault.signum, fault.rank)
         detail = f"after {iterations} step(s)"
     elif fault.kind == "kill_rank":
-        _killpg(procs[fault.rank], signal.SIGKILL)
+        ranks.send(signal.SIGKILL, fault.rank)
         detail = f"after {iterations} step(s)"
     else:  # kill_in_save
         staging = _staging_with_files(ckpt_root, att.started)
         if staging is None:
             return False
-        _killpg(procs[0], signal.SIGKILL)
+        ranks.send(signal.SIGKILL, 0)
         detail = f"during the save into {staging.name}"
     att.fired.append((fault, clock(), detail))
     return True
@@ -311,7 +248,7 @@ def run_until_done(
 def losses_by_attempt(run_dir: Path) -> dict[int, dict[int, str]]:
     """{restart_count: {step: repr(loss)}} from the ``iteration`` events of rank 0."""
     out: dict[int, dict[int, str]] = {}
-    for rec in read_events(Path(run_dir) / "events.jsonl"):
+    for rec in read_events(RunPaths.of(run_dir).events):
         if rec.get("event") == "iteration":
             out.setdefault(int(rec.get("restart_count") or 0), {})[int(rec["step"])] = str(rec["loss"])
     return out
@@ -320,6 +257,6 @@ def losses_by_attempt(run_dir: Path) -> dict[int, dict[int, str]]:
 def write_rank_logs_tail(run_dir: Path, n_chars: int = 4000) -> str:
     """The end of every harness rank log, for an assertion message."""
     parts = []
-    for p in sorted((Path(run_dir) / "logs").glob("faults_*_rank*.out")):
+    for p in sorted(RunPaths.of(run_dir).logs.glob(f"{LOG_PREFIX}_*_rank*.out")):
         parts.append(f"==> {p.name} <==\n{p.read_text(errors='replace')[-n_chars:]}")
     return "\n".join(parts)

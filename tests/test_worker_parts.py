@@ -178,3 +178,90 @@ def test_forwarded_signal_marks_the_attempt_interrupted(tmp_path):
     result = launcher.launch(0)
     assert [p.signals for p in launcher.procs] == [[signal.SIGINT], [signal.SIGINT]]
     assert result.interrupted and result.code == 42  # run() does not relaunch an interrupted attempt
+
+
+def _rank_context(tmp_path, overrides, rank=0, world=1):
+    from launch.compose import compose_job
+    from recovery.events import EventLog
+    from recovery.signals import StopFlag
+    from train.context import Hooks, RankContext
+
+    job = compose_job(["model=tiny", f"cluster.gpus_per_node={world}", *overrides])
+    paths = job.paths_at(tmp_path)
+    return RankContext(job=job, paths=paths, dist=dist_env.DistEnv(rank, world, rank, "127.0.0.1", 1),
+                       env={}, restart=0, flag=StopFlag(), events=EventLog(paths.events, rank=rank),
+                       hooks=Hooks())
+
+
+class _RecordingCheckpointer:
+    """The Checkpointer's schedule with the collective save replaced by a record (2 s per save)."""
+
+    @staticmethod
+    def make(ctx):
+        from train.checkpointer import Checkpointer
+
+        ckpt = Checkpointer(ctx, parts=None)
+        ckpt.saves = []
+
+        def save(state, reason):
+            ckpt.saves.append((state.step, reason))
+            ckpt.saved_steps.add(state.step)
+            return 2.0
+
+        ckpt.save = save
+        return ckpt
+
+
+def test_checkpointer_saves_at_the_interval_but_never_after_the_last_step(tmp_path):
+    from train.train_loop import TrainState
+
+    ckpt = _RecordingCheckpointer.make(_rank_context(tmp_path, ["training.checkpoint_interval=3"]))
+    for step in range(1, 10):
+        ckpt.after_step(TrainState(step, step * 8), step_s=1.0, iters=9)
+    assert ckpt.saves == [(3, "interval"), (6, "interval")]  # 9 is the final save's, not the interval's
+    ckpt.save_final(TrainState(9, 72))
+    ckpt.save_final(TrainState(9, 72))
+    assert ckpt.saves[-1] == (9, "final") and len(ckpt.saves) == 3
+
+
+def test_checkpointer_resolves_auto_after_the_first_save_and_checks_the_lead_time_once(tmp_path):
+    from recovery.events import read_events
+    from train.train_loop import TrainState
+
+    ctx = _rank_context(tmp_path, ["training.checkpoint_interval=auto", "training.signal_lead_time_s=1"])
+    ckpt = _RecordingCheckpointer.make(ctx)
+    assert ckpt.interval is None
+    for step in range(1, 4):
+        ckpt.after_step(TrainState(step, step * 8), step_s=1.0, iters=100)
+    assert ckpt.saves[0] == (1, "interval") and ckpt.interval >= 1
+    events = read_events(ctx.paths.events)
+    assert [e["interval"] for e in events if e["event"] == "checkpoint_interval"] == [ckpt.interval]
+    warnings = [e for e in events if e["event"] == "lead_time_warning"]
+    assert len(warnings) == 1 and warnings[0]["save_s"] == 2.0  # 1 s lead < 1 s step + 2 s save, said once
+
+
+def test_test_hooks_come_from_the_environment_only():
+    from train.context import Hooks
+
+    assert Hooks.from_env({}) == Hooks()
+    hooks = Hooks.from_env({"SLURMTRON_TEST_FAIL_AT_ITER": "4", "SLURMTRON_TEST_STEP_SLEEP_S": "0.5"})
+    assert hooks.fail_at_iter == 4 and hooks.step_sleep_s == 0.5
+    from launch.config import TrainingConfig
+
+    assert not hasattr(TrainingConfig(), "fail_at_iter")  # no test hook in the user's schema
+
+
+def test_preflight_local_run_reports_killed_ranks_as_none(tmp_path):
+    from launch import preflight
+    from launch.compose import compose_job
+
+    procs = iter([_FakeProc(1, 0), _FakeProc(None, None)])
+    t = [0.0]
+
+    def sleep(dt):
+        t[0] += 1.0
+
+    job = compose_job(["model=tiny", "cluster.gpus_per_node=2", "parallelism=tp2"])
+    codes = preflight.run_local(job, tmp_path, 100, popen=lambda *a, **k: next(procs), env={}, clock=lambda: t[0],
+                                sleep=sleep)
+    assert codes == [1, None]  # rank 1 waited in a collective; killed 10 s after rank 0 failed
