@@ -148,6 +148,25 @@ class EventTail:
         return parse_json_lines(data[: end + 1].decode("utf-8", "replace"))
 
 
+@dataclass
+class Injector:
+    """Run at every poll of an attempt: count its iterations from the event log, fire the next fault when due."""
+
+    att: Attempt
+    pending: list  # the attempt's Faults not fired yet, in order
+    tail: EventTail
+    ckpt_root: Path
+    clock: Callable[[], float]
+    iterations: int = 0
+
+    def __call__(self, ranks: Ranks) -> None:
+        for rec in self.tail.new():
+            if rec.get("event") == "iteration" and rec.get("restart_count") == self.att.restart:
+                self.iterations += 1
+        if self.pending and _fire(self.pending[0], self.att, ranks, self.iterations, self.ckpt_root, self.clock):
+            self.pending.pop(0)
+
+
 def run_attempt(
     run_dir: Path,
     world: int,
@@ -177,22 +196,12 @@ def run_attempt(
                 att.fired.append((f, clock(), str(target)))
         else:
             pending.append(f)
-    tail = EventTail(paths.events)
-    iterations = 0
-
-    def tick(ranks: Ranks) -> None:  # every poll: count this attempt's iterations, fire the next fault
-        nonlocal iterations
-        for rec in tail.new():
-            if rec.get("event") == "iteration" and rec.get("restart_count") == restart:
-                iterations += 1
-        if pending and _fire(pending[0], att, ranks, iterations, ckpt_root, clock):
-            pending.pop(0)
-
+    injector = Injector(att, pending, EventTail(paths.events), ckpt_root, clock)
     att.started = clock()
     ranks = Ranks(argv=["-m", WORKER_MODULE, str(run_dir)], world=world,
                   log_path=lambda r: paths.rank_log(restart, r, prefix=LOG_PREFIX), env=base, attempt=restart,
                   python=python, clock=clock, poll_s=poll_s).start()
-    done = ranks.wait(timeout_s=timeout_s, grace_s=kill_grace_s, healthy=(EXIT_COMPLETED,), tick=tick)
+    done = ranks.wait(timeout_s=timeout_s, grace_s=kill_grace_s, healthy=(EXIT_COMPLETED,), tick=injector)
     att.codes, att.timed_out = done.codes, done.timed_out
     att.ended = clock()
     return att
