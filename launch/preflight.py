@@ -101,8 +101,9 @@ def run_local(job: Job, pf_dir: Path, timeout_s: float, *, popen: Callable[..., 
     """Start the ranks as local processes and wait; returns their codes (None = killed on timeout)."""
     from launch.local import Ranks
 
+    logs = RunPaths.of(pf_dir).logs
     ranks = Ranks(argv=["-m", WORKER_MODULE, str(pf_dir)], world=job.world_size,
-                  log_path=lambda r: pf_dir / "logs" / f"rank{r}.out", env=dict(os.environ if env is None else env),
+                  log_path=lambda r: logs / f"rank{r}.out", env=dict(os.environ if env is None else env),
                   popen=popen, clock=clock, sleep=sleep).start()
     # one rank failed: the others would wait in a collective; give them 10 s, then kill them
     done = ranks.wait(timeout_s=timeout_s + 60, grace_s=10.0, healthy=(0,))

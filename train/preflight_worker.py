@@ -45,6 +45,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
+from launch.paths import RunPaths
+
 OPTIONS_FILE = "options.json"
 REFERENCE_FILE = "reference.json"
 RESHARD_FILE = "reference_reshard.json"
@@ -281,8 +283,9 @@ def start_reference(pf_dir: Path, env: Mapping[str, str], local_rank: int,
     child = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
     child.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK=str(local_rank), MASTER_ADDR="127.0.0.1",
                  MASTER_PORT=str(free_port()))
-    (pf_dir / "logs").mkdir(parents=True, exist_ok=True)
-    with open(pf_dir / "logs" / "reference.out", "ab") as out:
+    logs = RunPaths.of(pf_dir).logs
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / "reference.out", "ab") as out:
         return popen([sys.executable, "-m", "train.preflight_worker", str(pf_dir), "--reference"],
                      env=child, stdout=out, stderr=subprocess.STDOUT)
 
@@ -298,7 +301,7 @@ def run_reference(job: Any, pf_dir: Path, opts: dict, denv: Any) -> int:
     try:
         chunks, optimizer, scheduler = _build(ref, cuda, device)
         source = TimedSource(build_source(ref.data, ref.model, opts["steps"] * ref.training.global_batch_size,
-                                          pf_dir / "data_cache"))
+                                          RunPaths.of(pf_dir).data_cache))
         res = train_steps(ref, chunks, optimizer, scheduler, source, opts["steps"], device)
         _write_json(pf_dir / REFERENCE_FILE, {"loss": res["loss"], "grad_norm": res["grad_norm"]})
         deadline = time.monotonic() + float(opts["timeout_s"])
@@ -338,7 +341,7 @@ def run_target(job: Any, pf_dir: Path, opts: dict, denv: Any, env: Mapping[str, 
         if broke:
             _log(rank, f"TEST-ONLY breakage: {broke}")
         source = TimedSource(build_source(job.data, job.model, opts["steps"] * job.training.global_batch_size,
-                                          pf_dir / "data_cache"))
+                                          RunPaths.of(pf_dir).data_cache))
         sums: dict[str, float] = {}
         res = train_steps(job, chunks, optimizer, scheduler, source, opts["steps"], device,
                           after_first=lambda: sums.update(grad_sums(chunks, job.model)))
@@ -456,7 +459,7 @@ def main(argv: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = No
     from launch import dist_env
     from launch.compose import load_job
 
-    job = load_job(pf_dir / "config.yaml")
+    job = load_job(RunPaths.of(pf_dir).config)
     opts = read_options(pf_dir)
     denv = dist_env.from_env(env)
     try:
