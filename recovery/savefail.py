@@ -23,6 +23,7 @@ checkpoint.
 """
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 from typing import Optional
 
@@ -60,18 +61,39 @@ def space_warning(root: Path, expected_bytes: Optional[float], *,
     return text, {"path": str(probe), "free_bytes": int(free), "expected_bytes": int(expected_bytes)}
 
 
-def save_failed(exc: BaseException, root: Path, step: int, *,
-                storage: Optional[LocalStorage] = None) -> Optional[dict]:
+def _free(st: LocalStorage, root: Path) -> Optional[int]:
+    probe = Path(root)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return int(st.free_bytes(probe))
+    except OSError:
+        return None
+
+
+def save_failed(exc: BaseException, root: Path, step: int, *, storage: Optional[LocalStorage] = None,
+                expected_bytes: Optional[float] = None) -> Optional[dict]:
     """Rank 0, after a save failed with ``exc``: remove its staging directory and describe the stop.
 
     Returns ``{"reason", "code", "detail", **numbers}`` for a storage error (the caller emits
     the ``stop`` event and exits with ``code``), or None when ``exc`` is not a storage error
     (then it is an ordinary crash).
+
+    torch's own file writer loses the errno of a full disk (``[enforce fail at
+    inline_container.cc] unexpected pos ...``): an error without one, raised while the
+    filesystem has less room than a checkpoint needs (``expected_bytes``), is a full disk too.
     """
+    st = storage or LocalStorage()
     err = classify(exc)
+    if err is None and expected_bytes:
+        free = _free(st, root)
+        if free is not None and free < expected_bytes:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            err = StorageError("disk_full", errno.ENOSPC, str(root),
+                               f"the save failed ({type(exc).__name__}: {first}) with {free} bytes free, "
+                               f"a checkpoint needs about {int(expected_bytes)}")
     if err is None:
         return None
-    st = storage or LocalStorage()
     removed, cleanup = [], ""
     try:
         removed = abort_save(root, step, storage=st)

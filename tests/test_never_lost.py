@@ -449,3 +449,14 @@ def test_a_save_that_cannot_fit_stops_before_writing(tmp_path):
     ckpt.last_bytes = 300  # fits once, not twice: a warning and an event, the save goes on
     assert ckpt._stage(20) is None
     assert [e for e, _ in events if e != "log"] == ["disk_space_warning"]
+
+
+def test_a_save_error_without_errno_on_a_disk_without_room_is_a_full_disk(tmp_path):
+    from recovery.savefail import save_failed
+
+    prepare_staging(tmp_path, 20)
+    torch_words = RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    stop = save_failed(torch_words, tmp_path, 20, storage=SmallDisk(100), expected_bytes=5000)
+    assert stop["reason"] == "disk_full" and "unexpected pos" in stop["detail"] and "100 bytes free" in stop["detail"]
+    assert names(tmp_path) == []
+    assert save_failed(torch_words, tmp_path, 20, storage=SmallDisk(10**9), expected_bytes=5000) is None  # a crash

@@ -258,7 +258,8 @@ class Checkpointer:
     def _failed(self, exc: BaseException, step: int) -> Optional[dict]:
         from recovery.savefail import save_failed
 
-        return save_failed(exc, self.ctx.paths.checkpoints, step, storage=self.ctx.storage)
+        return save_failed(exc, self.ctx.paths.checkpoints, step, storage=self.ctx.storage,
+                           expected_bytes=self.last_bytes or self._planned_bytes())
 
     def _agree(self, stop: Optional[dict], exc: Optional[BaseException] = None) -> None:
         """Rank 0's verdict on the save to every rank; a refused save raises :class:`SaveFailed` everywhere."""
