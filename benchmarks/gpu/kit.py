@@ -19,7 +19,7 @@ preflight is ``python launch/preflight.py``. The steps:
 
 Results: ``<out>/results.json`` plus the logs, at most 8 files directly in ``<out>``. The run
 directories (1.3B: about 18 GB per checkpoint, two at a time) live in a temporary directory on
-local disk (``KIT_SCRATCH``, default ``$TMPDIR``/``/tmp``) and are removed; its free space is recorded.
+local disk (``KIT_SCRATCH``, default: the system temporary directory) and are removed; its free space is recorded.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ if [ "$MODE" = gpu ]; then
         exit 2
     fi
     # --no-deps into a private target: the image's CUDA torch is never touched
-    SITE=$(mktemp -d "${TMPDIR:-/tmp}/slurmtron-site.XXXXXX")
+    SITE=$(mktemp -d -t slurmtron-site.XXXXXX)
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$WHEELS"/*.whl \
         2>&1 | tee -a "$OUT/run.log"
     [ "${PIPESTATUS[0]}" -eq 0 ] || exit 2
