@@ -21,6 +21,7 @@ from analysis.parse_megatron import (
     DEFAULT_CHUNK_BYTES, iter_text_chunks, parse_checkpoint_text, parse_iteration_text, source_ids,
 )
 from analysis.parse_slurm import parse_sacct_file
+from analysis.parse_validation import parse_validation_file
 from analysis.signatures import parse_signature_text
 from launch.paths import RunPaths
 
@@ -39,6 +40,7 @@ class RunInputs:
     sacct: pd.DataFrame | None = None
     config: dict[str, Any] | None = None
     skipped: dict[str, int] = field(default_factory=dict)
+    validation: pd.DataFrame | None = None  # Megatron's "validation loss at iteration N" lines
 
 
 def parse_log_file(path: str | os.PathLike, chunk_bytes: int = DEFAULT_CHUNK_BYTES):
@@ -113,10 +115,14 @@ def _classify(files: list[Path]) -> tuple[list[Path], list[Path], list[Path]]:
 def _parse(name: str, files: list[Path], config: dict | None, chunk_bytes: int) -> RunInputs:
     logs, saccts, evs = _classify(files)
     its, sigs, cks, skipped = [], [], [], {"iteration_lines": 0, "sacct_lines": 0, "event_lines": 0}
+    vals = []
     for f in sorted(logs):
         it, sg, ck, sk = parse_log_file(f, chunk_bytes)
         its.append(it), sigs.append(sg), cks.append(ck)
         skipped["iteration_lines"] += sk
+        # a validation block is rare: only files that hold one are parsed for it (a cheap byte search first)
+        if _holds(f, b"validation loss at"):
+            vals.append(parse_validation_file(f))
     if not its:
         it, sg, ck, _ = parse_log_file(os.devnull)
         its, sigs, cks = [it], [sg], [ck]
@@ -140,7 +146,20 @@ def _parse(name: str, files: list[Path], config: dict | None, chunk_bytes: int) 
             skipped["event_lines"] += sk
             parts.append(df)
         events = pd.concat(parts, ignore_index=True)
-    return RunInputs(name, _concat(its), _concat(sigs), _concat(cks), events, sacct, config, skipped)
+    validation = pd.concat(vals, ignore_index=True) if vals else None
+    return RunInputs(name, _concat(its), _concat(sigs), _concat(cks), events, sacct, config, skipped, validation)
+
+
+def _holds(path: Path, needle: bytes, block: int = 1 << 24) -> bool:
+    with open(path, "rb") as fh:
+        tail = b""
+        while True:
+            data = fh.read(block)
+            if not data:
+                return False
+            if needle in tail + data:
+                return True
+            tail = data[-len(needle):]
 
 
 # sacct fields the report reads (lower case); any other column of a dump is counted as skipped

@@ -161,11 +161,16 @@ def main(argv: list[str] | None = None) -> int:
             mfu_reasons.append(reason)
         safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in run.name)
         tl = plot_timeline(m, res["interruptions"], out / f"timeline_{safe}.png", title=f"{run.name}: loss and throughput")
-        ls = plot_loss_by_step(m, res["interruptions"], out / f"loss_by_step_{safe}.png", title=f"{run.name}: lm loss by step")
+        val = validation_table(run)
+        ls = plot_loss_by_step(m, res["interruptions"], out / f"loss_by_step_{safe}.png",
+                               title=f"{run.name}: lm loss by step", validation=val)
+        if len(val):
+            s["validation"] = [{"iteration": int(r.iteration), "val_loss": _num(r.val_loss), "val_ppl": _num(r.val_ppl)}
+                               for r in val.itertuples()]
         gp = plot_goodput(res["goodput"], out / f"goodput_{safe}.png")
         body += run_blocks(run.name, s, res, args, reason, [
             (ls, "lm loss against the step: each attempt in its own colour; a resumed attempt redoes the steps "
-                 "after its checkpoint"),
+                 "after its checkpoint" + ("; black squares: validation loss" if len(val) else "")),
             (tl, "lm loss and throughput against wall-clock time; dashed lines are interruptions (colour = cause)"),
             (gp, "where the allocated time went (hours)")])
 
@@ -223,6 +228,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def validation_table(run: RunInputs) -> pd.DataFrame:
+    """Validation loss per iteration (the last evaluation of an iteration a resumed run repeated)."""
+    v = run.validation
+    if v is None or v.empty:
+        return pd.DataFrame(columns=["iteration", "val_loss", "val_ppl"])
+    return v.drop_duplicates("iteration", keep="last").sort_values("iteration")[["iteration", "val_loss", "val_ppl"]]
+
+
 def mfu_missing_reason(run: RunInputs, m: pd.DataFrame, gpu_flag: str | None) -> str:
     """Why MFU is empty for ``run`` ('' when it is not): the reader should not have to guess."""
     if len(m) and m["mfu"].notna().any():
@@ -235,6 +248,10 @@ def mfu_missing_reason(run: RunInputs, m: pd.DataFrame, gpu_flag: str | None) ->
     if gpu in (None, "", "cpu"):
         return f"cluster.gpu is {gpu or 'unset'}: no accelerator peak FLOP/s to compare against"
     return f"no dense peak for cluster.gpu {gpu!r}"
+
+
+def s_validation(s: dict) -> pd.DataFrame:
+    return pd.DataFrame(s["validation"])
 
 
 def run_blocks(name: str, s: dict, res: dict, args: argparse.Namespace, mfu_reason: str,
@@ -254,6 +271,8 @@ def run_blocks(name: str, s: dict, res: dict, args: argparse.Namespace, mfu_reas
                 "straggler ranks (median step time > 1.1x the ranks' median): " + (", ".join(strag) or "none")]),
         ("h", 3, "Interruptions"),
         ("table", res["interruptions"], "one row per attempt that ended before the run finished"),
+    ] + ([("h", 3, "Validation loss"), ("table", s_validation(s), "lm loss on the validation split")]
+         if s.get("validation") else []) + [
         ("h", 3, "Throughput per attempt"),
         ("table", res["by_attempt"], "median over each attempt's steady steps"),
     ] + [("img", path, caption) for path, caption in figures]

@@ -121,6 +121,11 @@ def _lifecycle(job: Job) -> list[Problem]:
         out.append(Problem(
             "training.checkpoint_interval", "must be a positive step count or 'auto' (Young/Daly)",
             f"checkpoint_interval = {ci!r}", "set training.checkpoint_interval=auto or e.g. =500"))
+    if t.eval_interval < 0 or (t.eval_interval > 0 and t.eval_iters < 1):
+        field, value = ("training.eval_interval", t.eval_interval) if t.eval_interval < 0 else \
+            ("training.eval_iters", t.eval_iters)
+        out.append(Problem(field, "validation needs eval_interval >= 0 (0 = none) and eval_iters >= 1",
+                           f"{field} = {value}", f"set {field}=1 or more (or training.eval_interval=0)"))
     if t.train_iters is None and t.train_tokens is None:
         out.append(Problem(
             "training.train_iters", "the run needs a length: train_iters or train_tokens",

@@ -207,6 +207,8 @@ class TrainingConfig:
     precision: str = "bf16"  # bf16 | fp16 | fp32 (CPU runs use fp32)
     seed: int = 1234
     log_interval: int = 1  # iterations between log lines
+    eval_interval: int = 0  # iterations between validation-loss evaluations (0 = none); also at the last step
+    eval_iters: int = 2  # global batches of the validation split per evaluation (the same batches every time)
     checkpoint_interval: Any = 10  # steps between periodic saves, or 'auto' (Young/Daly)
     keep_checkpoints: int = 3  # newest K verified checkpoints kept
     signal_lead_time_s: int = 120  # --signal lead: warning this long before the time limit

@@ -306,6 +306,9 @@ def run(
         for _ in range(limit):
             result = launcher.launch(attempt)
             code = result.code
+            if result.interrupted and code == EXIT_REQUEUE:  # Ctrl-C: checkpointed; say how to continue
+                print(f"stopped: a checkpoint was saved (exit {code}); run the same command again to continue "
+                      f"run {job.run.name} from it", file=launcher.echo)
             if code in TERMINAL or result.interrupted:
                 return code
             attempt += 1

@@ -109,3 +109,18 @@ def test_wandb_offline_two_attempts_share_one_run_id(tmp_path, monkeypatch):
     runs = sorted((paths.run_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and all(r.name.endswith(f"-{run_id}") for r in runs)
     assert any("wandb sync" in w for w in warned)
+
+
+def test_the_validation_block_is_megatrons_and_the_analysis_reads_it():
+    import math
+
+    from analysis.parse_validation import parse_validation_text
+    from train.train_loop import format_validation
+
+    block = format_validation(12, 4.5)
+    dashes, line, dashes2 = block.splitlines()
+    assert line == " validation loss at iteration 12 | lm loss value: 4.500000E+00 | lm loss PPL: 9.001713E+01 | "
+    assert set(dashes) == {"-"} and len(dashes) == len(line) + 1 and dashes == dashes2
+    df = parse_validation_text("noise\n" + block + "\n[2026] iteration 13/ 20 | lm loss: 4.4 |\n")
+    assert df[["iteration", "val_loss"]].values.tolist() == [[12, 4.5]]
+    assert df["val_ppl"].iloc[0] == float(f"{math.exp(4.5):.6E}")

@@ -93,6 +93,7 @@ class RankContext:
     run_lock: Any = None  # recovery.lock.Acquired: rank 0 holds the run for the whole attempt
     cuda: bool = False  # set by init_distributed
     device: Any = None  # torch.device, set by init_distributed
+    tracker: Any = None  # train.tracking.Tracker on the tracking rank (TensorBoard/W&B), else None
 
     @property
     def rank(self) -> int:
@@ -126,4 +127,7 @@ class RankContext:
             print(msg, flush=True)
 
     def emit(self, event: str, **fields: Any) -> dict:
-        return self.events.emit(event, **fields)
+        record = self.events.emit(event, **fields)
+        if self.tracker is not None:  # interruptions and checkpoints also appear in TensorBoard, as text
+            self.tracker.event(record)
+        return record

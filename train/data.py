@@ -11,7 +11,7 @@ is the same global batch whatever dp is.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Protocol
+from typing import Any, Dict, List, Protocol
 
 import numpy as np
 import torch
@@ -53,9 +53,11 @@ class MockGPTDataset:
 
 
 def build_indexed_dataset(
-    data: DataConfig, seq_length: int, num_samples: int, cache_dir: Path, tokenizer: ByteTokenizer
-) -> SampleSource:
-    """Megatron-Core's GPTDataset (train split) over ``data.path``; call on every rank."""
+    data: DataConfig, seq_length: int, num_samples: int, cache_dir: Path, tokenizer: ByteTokenizer,
+    num_valid: int = 0,
+) -> Any:
+    """Megatron-Core's GPTDataset over ``data.path``: the train split, or (train, validation) when
+    ``num_valid`` > 0 (the validation split of ``data.split``); call on every rank."""
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
@@ -76,10 +78,23 @@ def build_indexed_dataset(
         create_attention_mask=False,
         path_to_cache=str(cache_dir),
     )
-    train, _valid, _test = BlendedMegatronDatasetBuilder(
-        GPTDataset, [num_samples, 0, 0], lambda: True, config
+    train, valid, _test = BlendedMegatronDatasetBuilder(
+        GPTDataset, [num_samples, num_valid, 0], lambda: True, config
     ).build()
+    if num_valid:
+        if valid is None:
+            raise ValueError(f"data.split={data.split!r} has no validation split; set e.g. data.split=98,2,0")
+        return train, valid
     return train
+
+
+def build_validation_source(data: DataConfig, model: ModelConfig, num_samples: int, num_valid: int,
+                            cache_dir: Path) -> SampleSource:
+    """The validation split: held-out documents of the indexed dataset, or mock sequences from another seed."""
+    tokenizer = get_tokenizer(data.tokenizer)
+    if data.kind == "mock":
+        return MockGPTDataset(model.seq_length, model.vocab_size, data.seed + 1)
+    return build_indexed_dataset(data, model.seq_length, num_samples, cache_dir, tokenizer, num_valid)[1]
 
 
 def build_source(data: DataConfig, model: ModelConfig, num_samples: int, cache_dir: Path) -> SampleSource:

@@ -38,6 +38,15 @@ NAMES = {  # our key -> the TensorBoard tag
 }
 
 
+TEXT_EVENTS = {  # event kind -> the fields shown in its text line
+    "job_start": ("world_size", "layout"), "resume": ("step", "checkpoint", "from_layout"),
+    "resume_fallback": ("skipped", "reason"), "signal": ("signal", "step"),
+    "checkpoint_saved": ("step", "reason", "seconds"), "requeue": ("method", "step", "ok"),
+    "stop": ("reason", "detail"), "exit": ("reason", "code", "step"), "lead_time_warning": ("detail",),
+    "failed_node": ("host",),
+}
+
+
 class Writer(Protocol):
     def scalars(self, step: int, values: Mapping[str, float]) -> None: ...
     def text(self, step: int, text: str) -> None: ...
@@ -117,6 +126,7 @@ class Tracker:
     def __init__(self, writers: list, warn: Callable[[str], None] = print) -> None:
         self.writers = list(writers)
         self.warn = warn
+        self._last_step = 0
 
     def _each(self, call: Callable[[Any], None], what: str) -> None:
         for w in list(self.writers):
@@ -129,6 +139,7 @@ class Tracker:
 
     def scalars(self, step: int, values: Mapping[str, Optional[float]]) -> None:
         clean = {k: float(v) for k, v in values.items() if v is not None}
+        self._last_step = step
         self._each(lambda w: w.scalars(step, clean), f"step {step}")
 
     def text(self, step: int, text: str) -> None:
@@ -137,6 +148,21 @@ class Tracker:
     def close(self) -> None:
         self._each(lambda w: w.close(), "close")
         self.writers = []
+
+    def event(self, record: Mapping[str, Any]) -> None:
+        """An event-log record worth seeing beside the curves (start, resume, signal, checkpoint, stop)."""
+        kind = record.get("event")
+        if kind not in TEXT_EVENTS:
+            return
+        step = record.get("step")
+        step = int(step) if isinstance(step, int) else self.last_step
+        detail = ", ".join(f"{k}={record[k]}" for k in TEXT_EVENTS[kind] if record.get(k) not in (None, ""))
+        self.text(step, f"{kind} (job {record.get('job_id') or 'local'}, attempt {record.get('restart_count')})"
+                        + (f": {detail}" if detail else ""))
+
+    @property
+    def last_step(self) -> int:
+        return self._last_step
 
 
 def open_tracker(job: Job, paths: RunPaths, *, resumed_step: int, warn: Callable[[str], None] = print,
@@ -164,6 +190,14 @@ def open_tracker(job: Job, paths: RunPaths, *, resumed_step: int, warn: Callable
             warn(f"WARNING: tracking.wandb: wandb.init failed ({type(exc).__name__}: {exc}); no W&B run")
             emit("tracking_unavailable", writer="wandb", detail=str(exc))
     return Tracker(writers, warn)
+
+
+def is_tracking_rank() -> bool:
+    """First data-parallel and tensor-parallel rank of the last pipeline stage (call after init)."""
+    from megatron.core import parallel_state as ps
+
+    return (ps.is_pipeline_last_stage(ignore_virtual=True) and ps.get_data_parallel_rank() == 0
+            and ps.get_tensor_model_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0)
 
 
 def memory_scalars(cuda: bool) -> dict[str, float]:

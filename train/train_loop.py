@@ -260,6 +260,44 @@ def train_step(
     return float(loss.item()), float(grad_norm if grad_norm is not None else 0.0), not ok
 
 
+def evaluate(job: Job, chunks: List[Any], source: SampleSource, nmb: int, device: torch.device) -> float:
+    """Mean lm loss over ``training.eval_iters`` global batches of the validation split (forward only).
+
+    The same batches every time (samples 0 .. eval_iters * gbs), so the curve compares like with like.
+    """
+    t = job.training
+    total = 0.0
+    for c in chunks:
+        c.eval()
+    try:
+        with torch.no_grad():
+            for i in range(t.eval_iters):
+                batches = step_batches(
+                    source, i * t.global_batch_size, nmb, t.micro_batch_size,
+                    parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank(),
+                )
+                iterators = [iter(batches) for _ in chunks]
+                losses = get_forward_backward_func()(
+                    forward_step_func=_forward_step,
+                    data_iterator=iterators if len(chunks) > 1 else iterators[0],
+                    model=chunks if len(chunks) > 1 else chunks[0],
+                    num_microbatches=nmb, seq_length=job.model.seq_length, micro_batch_size=t.micro_batch_size,
+                    decoder_seq_length=job.model.seq_length, forward_only=True,
+                )
+                total += float(_reduce_loss(losses, device).item())
+    finally:
+        for c in chunks:
+            c.train()
+    return total / t.eval_iters
+
+
+def format_validation(iteration: int, loss: float) -> str:
+    """Megatron-LM's ``evaluate_and_print_results`` block, between two lines of dashes."""
+    ppl = math.exp(min(20.0, loss))
+    s = f" validation loss at iteration {iteration} | lm loss value: {loss:.6E} | lm loss PPL: {ppl:.6E} | "
+    return "\n".join(["-" * (len(s) + 1), s, "-" * (len(s) + 1)])
+
+
 def format_iteration(
     *,
     now: datetime.datetime,
@@ -311,18 +349,27 @@ class Meter:
             return
         lr = self.optimizer.param_groups[0]["lr"]
         tflops = mfu = None
-        if self.flops_per_step is not None and elapsed > 0:
+        if self.flops_per_step is not None and elapsed > 0 and self.peak_flops:  # CPU: no "TFLOP/s/GPU: 0.0"
             tflops = self.flops_per_step / (elapsed * ctx.world) / 1e12
             if self.peak_flops:
                 mfu = tflops * 1e12 / self.peak_flops
+        loss_scale = float(getattr(self.optimizer, "get_loss_scale", lambda: torch.tensor(1.0))().item())
         ctx.emit("iteration", step=iteration, loss=repr(loss), grad_norm=repr(grad_norm), lr=repr(lr),
                  consumed_samples=state.consumed_samples, seconds=elapsed)
         ctx.log(format_iteration(
             now=ctx.now(), iteration=iteration, train_iters=self.iters, consumed=state.consumed_samples,
             elapsed_ms=elapsed * 1000.0, lr=lr, gbs=t.global_batch_size, loss=loss,
-            loss_scale=float(getattr(self.optimizer, "get_loss_scale", lambda: torch.tensor(1.0))().item()),
+            loss_scale=loss_scale,
             grad_norm=grad_norm, skipped=self.counters.skipped, nan=self.counters.nan, tflops=tflops, mfu=mfu,
         ))
+        if getattr(ctx, "tracker", None) is not None:  # TensorBoard/W&B under Megatron-LM's names (train/tracking.py)
+            from train.tracking import memory_scalars
+
+            tokens = t.global_batch_size * ctx.job.model.seq_length
+            ctx.tracker.scalars(iteration, {
+                "loss": loss, "lr": lr, "grad_norm": grad_norm, "loss_scale": loss_scale,
+                "batch_size": t.global_batch_size, "iteration_time": elapsed, "throughput": tflops, "mfu": mfu,
+                "tokens_per_s": tokens / elapsed if elapsed > 0 else None, **memory_scalars(bool(ctx.cuda))})
 
 
 def throughput_model(ctx: Any) -> tuple[Optional[float], Optional[float]]:
@@ -350,11 +397,12 @@ class LoopResult:
 
 
 def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, state: TrainState,
-             iters: int) -> LoopResult:
+             iters: int, valid: Optional[SampleSource] = None) -> LoopResult:
     """Train from ``state`` to ``iters``; at every step boundary all ranks agree on a stop first.
 
     ``ctx`` is the rank's :class:`train.context.RankContext`, ``ckpt`` its
     :class:`train.checkpointer.Checkpointer` (periodic saves, ``auto`` interval, lead-time check).
+    ``valid``: the validation split, evaluated every ``training.eval_interval`` steps and at the end.
     """
     t = ctx.job.training
     nmb = num_microbatches(ctx.job)
@@ -374,8 +422,20 @@ def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, st
         state.step += 1
         state.consumed_samples += t.global_batch_size
         meter.step_done(state, loss, grad_norm, skipped, elapsed)
+        if valid is not None and (state.step % t.eval_interval == 0 or state.step == iters):
+            validate(ctx, parts, valid, nmb, state.step)
         ckpt.after_step(state, elapsed, iters)
     return LoopResult(state, "completed", 0)
+
+
+def validate(ctx: Any, parts: TrainingParts, valid: SampleSource, nmb: int, step: int) -> float:
+    """Evaluate, then log the Megatron block, a ``validation`` event and the TensorBoard scalars."""
+    loss = evaluate(ctx.job, parts.chunks, valid, nmb, ctx.device)
+    ctx.log(format_validation(step, loss))
+    ctx.emit("validation", step=step, loss=repr(loss), iters=ctx.job.training.eval_iters)
+    if getattr(ctx, "tracker", None) is not None:
+        ctx.tracker.scalars(step, {"val_loss": loss, "val_ppl": math.exp(min(20.0, loss))})
+    return loss
 
 
 def inject_failure(fail_at_iter: Optional[int], iteration: int) -> None:

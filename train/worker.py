@@ -127,10 +127,9 @@ def _run(ctx: RankContext) -> int:
 
 def _train(ctx: RankContext) -> int:
     """Resume or start, train to the end or to a stop signal, and say how this attempt ends."""
-    from recovery.policy import EXIT_COMPLETED
-    from train import train_loop
+    from train import tracking, train_loop
     from train.checkpointer import Checkpointer, find_start, vet_resume
-    from train.data import build_source
+    from train.data import build_source, build_validation_source
 
     job, t = ctx.job, ctx.job.training
     iters = train_loop.train_iters(t, t.global_batch_size, job.model.seq_length)
@@ -144,8 +143,32 @@ def _train(ctx: RankContext) -> int:
     parts = train_loop.build_training(job, iters, cuda=ctx.cuda, device=ctx.device)
     ckpt = Checkpointer(ctx, parts, start.identity)
     state = ckpt.load(start.resume)
+    if state.step >= iters:
+        ctx.log(f"run {job.run.name} is already complete: step {state.step} of {iters} loaded, nothing to train "
+                "(pick another run.name to start over, or raise training.train_iters to train on)")
+    if tracking.is_tracking_rank():  # one rank writes TensorBoard/W&B; it purges steps past the resumed one
+        ctx.tracker = tracking.open_tracker(job, ctx.paths, resumed_step=state.step,
+                                            warn=lambda line: print(line, flush=True), emit=ctx.emit)
+        ctx.tracker.text(state.step + 1, f"attempt {ctx.restart} (job {ctx.job_id or 'local'}) starts at step "
+                                         f"{state.step + 1} on {ctx.world} ranks, layout {ctx.layout}")
     source = build_source(job.data, job.model, iters * t.global_batch_size, ctx.paths.data_cache)
-    result = train_loop.run_loop(ctx, parts, ckpt, source, state, iters)
+    valid = None
+    if t.eval_interval > 0:
+        valid = build_validation_source(job.data, job.model, iters * t.global_batch_size,
+                                        t.eval_iters * t.global_batch_size, ctx.paths.data_cache)
+    try:
+        result = train_loop.run_loop(ctx, parts, ckpt, source, state, iters, valid)
+        return _finish(ctx, ckpt, parts, result)
+    finally:  # also after a crash: what was written is flushed
+        if ctx.tracker is not None:
+            ctx.tracker.close()
+            ctx.tracker = None
+
+
+def _finish(ctx: RankContext, ckpt, parts, result) -> int:
+    """Requeue after a stop signal, or save the final checkpoint and say the run completed."""
+    from recovery.policy import EXIT_COMPLETED
+
     if ctx.hooks.param_digest:
         print(f"parameter digest rank {ctx.rank}: {param_digest(parts.chunks)}", flush=True)
 
