@@ -60,7 +60,7 @@ def test_validation_loss_falls_on_the_indexed_dataset_and_reaches_the_report(tmp
     assert proc.returncode == 0, proc.stderr
     run = tmp_path / "run"
     res = train(run, ["training.train_iters=12", "training.checkpoint_interval=100", "training.clip_grad=10.0",
-                      "parallelism=tp1", "data=indexed", f"data.path={prefix}", "data.split=90,10,0",
+                      "parallelism=tp1", "data=indexed", f"data.path={prefix}", "data.split='90,10,0'",
                       "training.eval_interval=4", "training.eval_iters=2", "tracking.tensorboard=false"],
                 world=1, timeout=300)
     assert res.codes == [0], res.all_logs()
