@@ -6,7 +6,10 @@ a log alone, the n-th restart seen in the file (the iteration number going back)
 attempt that ended without finishing the run is an *interruption*; its cause is the most
 specific evidence found (:data:`analysis.signatures.CAUSE_PRIORITY`): the slurmstepd
 cancel line, the sacct state, error signatures in any rank's output, a NaN loss in the
-last logged step, and the event log's signal/stop records.
+last logged step, and the event log's signal/stop/hang records. When the ranks themselves
+decided who stopped the attempt (a ``stop`` event with reason ``user_cancel``, ``user_stop``,
+``user_requeue``, ``preemption``, ``time_limit`` or ``node_failure``, decided from Slurm's own
+answer at the stop, recovery/stop.py), that reason is the cause; the rest stays in ``evidence``.
 
 Goodput = productive training time / allocated time. Productive is the logged step time of
 steps that were kept; steps redone after a restart are *lost work*; checkpoint saves come
@@ -22,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.parse_slurm import SACCT_STATE_CAUSE
-from analysis.signatures import CAUSE_PRIORITY
+from analysis.signatures import CAUSE_PRIORITY, DECIDED_CAUSES
 
 __all__ = ["ATTEMPT_COLUMNS", "INTERRUPTION_COLUMNS", "assign_attempts", "build_attempts",
            "interruptions", "goodput", "job_key"]
@@ -262,8 +265,15 @@ def build_attempts(
         if isinstance(r.cause, str):
             attempt = r.attempt if not pd.isna(r.attempt) else _last_attempt(att, r.job)
             add(r.job, attempt, r.cause, r.kind)
+    decided: dict[tuple, tuple[str, str]] = {}  # the ranks' own stop decision (recovery/stop.py)
     if not ev.empty:
         for r in ev.itertuples():
+            if r.event == "stop" and str(getattr(r, "reason", "")) in DECIDED_CAUSES:
+                why = str(getattr(r, "evidence", "") or "")
+                decided[(r.job, r.attempt)] = (str(r.reason), f"event stop {r.reason}" + (f": {why[:200]}" if why else ""))
+        for r in ev.itertuples():
+            if (r.job, r.attempt) in decided:
+                continue
             if r.event == "signal":
                 sig = str(getattr(r, "signal", "") or "")
                 if "USR2" in sig:  # slurmtron's --signal=USR2@lead warning (recovery/signals.py)
@@ -273,10 +283,12 @@ def build_attempts(
                     # SIGTERM is preemption or scancel (recovery/policy.py); a scancelled job
                     # is not requeued (sacct CANCELLED), a preempted one comes back
                     add(r.job, r.attempt, "preemption", "event signal SIGTERM, then requeued (preemption)")
-            elif r.event == "stop" and str(getattr(r, "reason", "")) == "crash":
-                add(r.job, r.attempt, "unknown", "event stop crash")
+            elif r.event == "stop" and str(getattr(r, "reason", "")) in ("crash", "hang"):
+                add(r.job, r.attempt, str(r.reason), f"event stop {r.reason}")
+            elif r.event == "hang":
+                add(r.job, r.attempt, "hang", "event hang")
             elif r.event == "exit" and str(getattr(r, "reason", "")) == "error":
-                add(r.job, r.attempt, "unknown", "event exit error")
+                add(r.job, r.attempt, "crash", "event exit error")
 
     finished_ev = set()
     ckpt_s: dict[tuple, float] = {}
@@ -304,10 +316,13 @@ def build_attempts(
         key = (r.job, r.attempt)
         items = evidence.get(key, [])
         cause = min((c for c, _ in items), key=CAUSE_PRIORITY.index, default=None)
+        if key in decided:  # who stopped the attempt, as Slurm told the ranks; other evidence stays listed
+            cause = decided[key][0]
+            items = items + [decided[key]]
         causes.append(cause)
         evid.append("; ".join(sorted({w for _, w in items})))
         target = train_iters or (r.max_train_iters if pd.notna(r.max_train_iters) else None)
-        fin = (key in finished_ev or str(r.state) == "COMPLETED"
+        fin = (key in finished_ev or (str(r.state) == "COMPLETED" and key not in decided)  # a drain ends COMPLETED
                or (target is not None and pd.notna(r.last_step) and r.last_step >= target))
         finished.append(bool(fin))
         ended.append(bool(items) or key in ended_ev or (pd.notna(r.end) and str(r.state) not in ("RUNNING", "PENDING", "<NA>", "nan")))

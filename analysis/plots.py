@@ -15,7 +15,8 @@ __all__ = ["CAUSE_COLORS", "plot_timeline", "plot_loss_by_step", "plot_goodput",
 CAUSE_COLORS = {
     "time_limit": "tab:blue", "preemption": "tab:purple", "node_failure": "tab:red",
     "nccl_timeout": "tab:orange", "oom": "tab:brown", "nan": "tab:pink", "xid": "darkred",
-    "user_cancel": "tab:gray", "unknown": "black",
+    "hang": "tab:olive", "crash": "tab:red", "user_cancel": "tab:gray", "user_stop": "tab:green",
+    "user_requeue": "tab:cyan", "unknown": "black",
 }
 
 

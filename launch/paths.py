@@ -12,6 +12,7 @@ A run directory ``<cluster.run_root>/<run.name>/`` (or ``run.dir``) holds::
     progress.json       the zero-progress guard's record of attempt start points
     failed_nodes.json   hosts excluded from later attempts
     run.lock            the one-writer lock of a running attempt
+    stop.json           a drain request (launch/stop.py) and, once honoured, who stopped the run
     hangs/              stack dumps of hung attempts
     tensorboard/        TensorBoard event files (one per attempt; purged past the resumed step)
     wandb_id            the W&B run id every attempt resumes (wandb/ holds W&B's own files)
@@ -38,6 +39,7 @@ EVENTS = "events.jsonl"
 PROGRESS = "progress.json"
 FAILED_NODES = "failed_nodes.json"
 LOCK = "run.lock"
+STOP_REQUEST = "stop.json"
 HANGS = "hangs"
 TENSORBOARD = "tensorboard"
 WANDB_ID = "wandb_id"
@@ -97,6 +99,10 @@ class RunPaths:
     @property
     def lock(self) -> Path:
         return self.run_dir / LOCK
+
+    @property
+    def stop_request(self) -> Path:
+        return self.run_dir / STOP_REQUEST
 
     @property
     def hangs(self) -> Path:

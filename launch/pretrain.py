@@ -278,6 +278,7 @@ def main(cfg: DictConfig, *, runner: Runner = default_runner, out: TextIO = sys.
         print(f"refused: cannot write the run directory {run_dir}: {exc.strerror or exc}; nothing was submitted\n"
               f"    fix: set cluster.run_root=<a writable directory> (or run.dir=...)", file=err)
         return refused
+    clear_stop_request(job, run_dir, err)  # put back by before.restore() if the submission fails
     if job.cluster.launcher == "local":
         from launch import local  # spawns the ranks (which import torch); this process does not
 
@@ -308,6 +309,18 @@ def main(cfg: DictConfig, *, runner: Runner = default_runner, out: TextIO = sys.
         _outcome(job, sweep, "submitted", _estimate_note(job), subs[0].job_id or "")
         record_member(job, sweep, status="submitted", run_dir=run_dir, job_id=subs[0].job_id)
     return 0
+
+
+def clear_stop_request(job: Job, run_dir: Path, err: TextIO) -> None:
+    """Submitting a run again is the user's decision to continue it: a drain request or the record
+    of a cancel/drain (``stop.json``, launch/stop.py) would make the new attempt refuse to start."""
+    path = job.paths_at(run_dir).stop_request
+    try:
+        old = path.read_text(encoding="utf-8").strip()
+    except OSError:
+        return
+    path.unlink(missing_ok=True)
+    print(f"note: continuing a stopped run; cleared {path.name}: {old[:300]}", file=err)
 
 
 def _dry_run(job: Job, run_dir: Path, config_yaml: str, out: TextIO, err: Optional[TextIO] = None) -> int:

@@ -148,7 +148,7 @@ class RunDirSnapshot:
         while not probe.exists() and probe != probe.parent:
             created, probe = probe, probe.parent
         files = {}
-        for path in (paths.config, paths.script):
+        for path in (paths.config, paths.script, paths.stop_request):
             try:
                 files[path] = path.read_bytes() if path.exists() else None
             except OSError:

@@ -19,8 +19,11 @@ requeue             method (scontrol|exit_code|scontrol_after_crash), step, sign
 lead_time_warning   lead_s, step_s, save_s, detail -- the signal lead is shorter than a step plus a save
 failed_node         host, source -- a node a NODE_FAIL came from (recovery/exclusion.py)
 exclude             hosts, ok, detail -- recorded bad nodes kept out of the next attempt
-stop                reason (zero_progress|max_restarts|crash|optimizer_mismatch|unsupported_software|...), code, detail
-exit                reason (completed|requeue|signal|error|unsupported_software|...), code, step
+stop                reason, code, detail -- an attempt refused or ended: zero_progress|max_restarts|crash|
+                    optimizer_mismatch|unsupported_software|...; or, after a stop checkpoint (recovery/stop.py),
+                    who stopped it: user_cancel|user_stop|user_requeue|preemption|time_limit|node_failure|
+                    undecided|local_signal|requeue_signal, with requeue (bool), evidence (Slurm's answer) and step
+exit                reason (completed|requeue|stopped|signal|error|unsupported_software|...), code, step
 train_end           step, consumed_samples
 iteration           step, loss, grad_norm, lr (repr of the float: exact), consumed_samples, seconds
                     -- every training.log_interval steps, like the log line

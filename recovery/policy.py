@@ -54,17 +54,18 @@ Why ``scontrol requeue`` from inside the job:
   continuation jobs instead, ``run.dependency_chain``).
 
 SIGTERM: preemption vs scancel. Both deliver SIGTERM to the job steps, and a handler cannot
-tell them apart, so both take the same path: checkpoint, then ``scontrol requeue``.
+tell them apart; rank 0 asks Slurm after the stop checkpoint (:mod:`recovery.stop`), and only
+a stop Slurm explains as a preemption, a time limit or a node failure (or a user's
+``scancel --signal=USR2``) comes here.
 
 * Preemption (``PreemptMode=REQUEUE`` with ``GraceTime``): the steps get SIGTERM at once,
   SIGKILL after the grace time. Slurm requeues the job itself *only if it does not fail
   first*: a task that dies on the SIGTERM makes it FAILED (143), not requeued. Our ranks
   catch SIGTERM, save within the grace time, and exit 42 after asking for the requeue, so
-  the job comes back either way. (To be confirmed on the real-Slurm test cluster.)
-* ``scancel`` (the job is being cancelled): Slurm refuses to requeue a job that is already
-  CANCELLED/COMPLETING, ``scontrol requeue`` fails, we log that and exit 42; the job stays
-  cancelled, and the checkpoint is there for a later resubmission. ``scancel --signal=USR2``
-  (or ``--signal=TERM``) *without* cancelling is the way to say "checkpoint and requeue now".
+  the job comes back either way (seen on the test cluster).
+* ``scancel`` (the job is being cancelled): ``scontrol requeue`` would *succeed* on the
+  cancelled job (Slurm 22.05 requeues finished batch jobs), so the ranks never call this for
+  a cancel: they exit 0 and the job ends CANCELLED.
 
 Every decision here takes its environment, runner, clock and files as arguments.
 No torch: the renderer and planner import this module on the login node.

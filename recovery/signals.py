@@ -8,7 +8,8 @@ Slurm delivers two kinds of stop request to the training processes:
 
 A handler must not save, log or do collective work: it may fire in the middle of a NCCL
 call. It records *which* signal came and when; the training loop reduces the flag across
-ranks at the next step boundary (see :func:`train.train_loop.agree_stop`).
+ranks at the next step boundary (see :func:`train.train_loop.agree_stop`), and rank 0 then asks
+Slurm who sent it (:mod:`recovery.stop`).
 """
 from __future__ import annotations
 

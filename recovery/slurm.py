@@ -84,6 +84,11 @@ class Slurm:
         """``scontrol -o show job <id>``: one line of ``Key=Value`` words."""
         return self.call(["scontrol", "-o", "show", "job", job_id])
 
+    def accounting_state(self, job_id: str) -> Reply:
+        """``sacct -X -n -P -o State``: the job's state in the accounting (``CANCELLED by <uid>`` at once on a
+        cancel, while ``scontrol`` still shows COMPLETING); rc != 0 without slurmdbd."""
+        return self.call(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "State"], timeout=30)
+
     def update_excluded(self, job_id: str, hosts: Iterable[str]) -> Reply:
         """``scontrol update JobId=<id> ExcNodeList=<hosts>`` (replaces the list; pending jobs only)."""
         return self.call(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(hosts)}"])

@@ -11,6 +11,9 @@ the way Slurm 22.05 does on the local test cluster, keeping one job's state:
   expected start on stderr; after ``max_jobs`` jobs it refuses with ``fail_words`` (a QOS limit);
 * ``squeue -j`` lists the job ``queue_polls`` times, calls ``on_leave`` once, then lists nothing.
 
+``fields`` adds words to ``scontrol -o show job`` (``Reason=``, ``Restarts=``, ``PreemptTime=``,
+``EndTime=``); ``accounting`` is what ``sacct -X -o State`` says (None: accounting disabled, rc 1).
+
 ``fail`` names commands (``argv[0:2]`` joined, e.g. ``"scontrol requeue"``, or just ``"sbatch"``)
 that exit 1 with ``fail_words``; ``missing`` names programs that are not installed (the runner
 raises ``FileNotFoundError`` like ``subprocess.run``).
@@ -42,7 +45,7 @@ class FakeSlurm:
     def __init__(self, job_id: str = "77", state: str = "RUNNING", exc: str = "", attempts: Iterable = (),
                  events: Iterable = (), sinfo: Iterable = (), fail: Iterable[str] = (), fail_words: str = "",
                  missing: Iterable[str] = (), queue_polls: int = 0, on_leave: Optional[Callable[[], None]] = None,
-                 max_jobs: Optional[int] = None):
+                 max_jobs: Optional[int] = None, fields: str = "", accounting: Optional[str] = None):
         self.job_id, self.state, self.exc = job_id, state, exc
         self.attempts = list(attempts)  # sacct rows: (state, nodelist, start, end)
         self.events = list(events)  # sacctmgr rows: (node, time, state, reason)
@@ -50,6 +53,8 @@ class FakeSlurm:
         self.fail, self.fail_words, self.missing = set(fail), fail_words, set(missing)
         self.queue_polls, self.on_leave = queue_polls, on_leave
         self.next_id, self.max_jobs = int(job_id), max_jobs
+        self.fields = fields  # more `scontrol show job` words, e.g. "Reason=None Restarts=0 PreemptTime=None"
+        self.accounting = accounting  # `sacct -X -o State` of the job ("CANCELLED by 0"); None: no slurmdbd
         self.calls: list[list[str]] = []
 
     def __call__(self, argv, **kwargs) -> subprocess.CompletedProcess:
@@ -98,7 +103,7 @@ class FakeSlurm:
             return self._done(argv, 0, "\n".join(expand(argv[3])) + "\n")
         if argv[1:4] == ["-o", "show", "job"]:
             return self._done(argv, 0, f"JobId={self.job_id} JobState={self.state} "
-                                       f"ExcNodeList={self.exc or '(null)'} NodeList=stn[1-2]\n")
+                                       f"ExcNodeList={self.exc or '(null)'} NodeList=stn[1-2] {self.fields}\n")
         if argv[1] == "requeue":
             self.state = "COMPLETING"  # requeued: pending again after the old allocation is released
             return self._done(argv, 0)
@@ -110,6 +115,10 @@ class FakeSlurm:
         raise AssertionError(f"unexpected command {argv}")
 
     def _sacct(self, argv):
+        if argv[-2:] == ["-o", "State"]:  # the accounting state (recovery.slurm.Slurm.accounting_state)
+            if self.accounting is None:
+                return self._done(argv, 1, "", "sacct: error: Slurm accounting storage is disabled")
+            return self._done(argv, 0, f"{self.accounting}\n")
         rows = [f"{self.job_id}|{s}|{n}|{a}|{b}" for s, n, a, b in self.attempts]
         return self._done(argv, 0, "\n".join(rows) + "\n")
 

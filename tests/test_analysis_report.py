@@ -280,3 +280,53 @@ def test_nan_loss_at_the_end_of_an_attempt_is_the_cause():
     assert interruptions(att)["cause"].tolist() == ["nan"]
     it.loc[it["lm_loss"].isna(), "nonfinite"] = False
     assert interruptions(build_attempts(it)[0])["cause"].tolist() == ["unknown"]
+
+
+@pytest.mark.parametrize("reason,signal", [
+    ("user_cancel", "SIGTERM"), ("user_stop", None), ("user_requeue", "SIGUSR2"), ("preemption", "SIGTERM"),
+    ("time_limit", "SIGUSR2"), ("node_failure", "SIGTERM"),
+])
+def test_the_ranks_stop_decision_names_the_cause(reason, signal):
+    """A stop event decided from Slurm's answer (recovery/stop.py) beats the guesses: a USR2 is not
+    always the time limit, and a bare slurmstepd cancel line is not always a user cancel."""
+    from analysis.parse_events import parse_events_text
+    from analysis.parse_megatron import parse_iteration_text
+    from analysis.signatures import parse_signature_text
+
+    text = "\n".join(_line(s, _at(s / 6)) for s in range(1, 6))
+    text += f"\nslurmstepd: error: *** STEP 100.0 ON stn1 CANCELLED AT {_at(1):%Y-%m-%dT%H:%M:%S} ***\n"
+    it, _ = parse_iteration_text(text, source="logs/100_0.out", job_id="100", offsets=True)
+    sigs, _ = parse_signature_text(text, source="logs/100_0.out", job_id="100")
+    base = _at(0).timestamp()
+    recs = [{"time": base + 1, "event": "job_start", "job_id": "100", "restart_count": 0}]
+    if signal:
+        recs.append({"time": base + 50, "event": "signal", "job_id": "100", "restart_count": 0, "signal": signal,
+                     "step": 5})
+    recs.append({"time": base + 52, "event": "stop", "job_id": "100", "restart_count": 0, "reason": reason,
+                 "requeue": reason not in ("user_cancel", "user_stop"), "evidence": "sacct CANCELLED by 0", "step": 5})
+    recs.append({"time": base + 53, "event": "exit", "job_id": "100", "restart_count": 0, "reason": "stopped",
+                 "step": 5})
+    ev, _ = parse_events_text("\n".join(json.dumps(r) for r in recs))
+    att, _ = build_attempts(it, sigs, None, ev, gpus=2, train_iters=30)
+    intr = interruptions(att)
+    assert intr["cause"].tolist() == [reason]
+    assert f"event stop {reason}: sacct CANCELLED by 0" in intr["evidence"].iloc[0]
+
+
+def test_a_crash_is_a_crash_unless_a_signature_says_more():
+    from analysis.parse_events import parse_events_text
+    from analysis.parse_megatron import parse_iteration_text
+    from analysis.signatures import parse_signature_text
+
+    text = "\n".join(_line(s, _at(s / 6)) for s in range(1, 4))
+    it, _ = parse_iteration_text(text, source="logs/7_0.out", job_id="7", offsets=True)
+    base = _at(0).timestamp()
+    ev, _ = parse_events_text("\n".join(json.dumps(r) for r in [
+        {"time": base + 1, "event": "job_start", "job_id": "7", "restart_count": 0},
+        {"time": base + 40, "event": "stop", "job_id": "7", "restart_count": 0, "reason": "crash", "detail": "x"},
+        {"time": base + 41, "event": "exit", "job_id": "7", "restart_count": 0, "reason": "error"}]))
+    assert interruptions(build_attempts(it, None, None, ev, train_iters=30)[0])["cause"].tolist() == ["crash"]
+    oom = text + "\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    sigs, _ = parse_signature_text(oom, source="logs/7_0.out", job_id="7")
+    it, _ = parse_iteration_text(oom, source="logs/7_0.out", job_id="7", offsets=True)
+    assert interruptions(build_attempts(it, sigs, None, ev, train_iters=30)[0])["cause"].tolist() == ["oom"]

@@ -234,6 +234,50 @@ def sweep(cluster: Cluster, d: Path) -> Dict[str, object]:
     return {"res": res, "took": took, "registry": registry, "entries": entries, "live": live, "ended": ended}
 
 
+def user_cancel(cluster: Cluster, d: Path) -> Run:
+    """TP2 x DP2; after the step-10 checkpoint the user runs ``scancel <jobid>``."""
+    run = submit(cluster, d / "cancel", "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=0.5")
+    wait_step(run, 12)
+    run.seen["cancelled_at"] = time.time()
+    cluster.run("scancel", run.job_id)
+    return finish(cluster, run)
+
+
+def drain(cluster: Cluster, d: Path) -> Run:
+    """TP2 x DP2; after step 12 the user drains the run with launch/stop.py; then resubmits it."""
+    run_dir = d / "drain"
+    run = submit(cluster, run_dir, "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=1")
+    wait_step(run, 12)
+    stop = subprocess.run([PY, str(REPO / "launch" / "stop.py"), "cluster=slurm_local", f"run.dir={run_dir}",
+                           f"run.name={run_dir.name}"], capture_output=True, text=True, timeout=60, env=cluster.env)
+    run.seen["stop_cmd"] = stop
+    finish(cluster, run)
+    run.seen["stop_file"] = json.loads((run_dir / "stop.json").read_text()) if (run_dir / "stop.json").exists() else None
+    again = submit(cluster, run_dir, "parallelism=tp2", "run.time_limit_min=10")
+    run.seen["again"] = finish(cluster, again)
+    return run
+
+
+def user_requeue(cluster: Cluster, d: Path) -> Run:
+    """TP2 x DP2; after the step-10 checkpoint the user asks for "checkpoint and requeue now"."""
+    run = submit(cluster, d / "requeuenow", "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=1")
+    wait_step(run, 12)
+    cluster.run("scancel", "--signal=USR2", run.job_id)
+    return finish(cluster, run)
+
+
+def report_causes(cluster: Cluster, run: Run, out: Path) -> Dict[int, str]:
+    """analysis/report.py on the run (with its sacct -D dump beside it): cause per interrupted attempt."""
+    import csv
+
+    (run.dir / "sacct.txt").write_text(cluster.sacct_dump(run.job_id))
+    res = subprocess.run([PY, str(REPO / "analysis" / "report.py"), str(run.dir), "--out", str(out)],
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert res.returncode == 0, res.stdout + res.stderr
+    with open(out / "interruptions.csv") as f:
+        return {int(r["attempt"]): f"{r['cause']} ({r['evidence']})" for r in csv.DictReader(f)}
+
+
 SCENARIOS: Dict[str, Callable[[Cluster, Path], object]] = {  # two at a time, in this order
     "completes": completes,  # first: the time-limit test compares against its losses
     "time_limit": time_limit,  # the longest (a 3-minute slice, then the rerun)
@@ -243,6 +287,9 @@ SCENARIOS: Dict[str, Callable[[Cluster, Path], object]] = {  # two at a time, in
     "preempted_at_start": preempted_at_start,
     "node_down": node_down,
     "sweep": sweep,
+    "user_cancel": user_cancel,
+    "drain": drain,
+    "user_requeue": user_requeue,
 }
 
 
@@ -251,10 +298,14 @@ NEEDS = {  # test -> the scenarios it reads; only those of the selected tests ru
     "test_time_limit_warning_requeues_and_resumes_with_equal_losses": ["time_limit", "completes"],
     "test_node_set_down_is_node_fail_then_resume_from_last_checkpoint": ["node_down"],
     "test_node_crash_is_node_fail_then_resume_from_last_checkpoint": ["node_crash"],
-    "test_preemption_sigterm_checkpoint_within_grace_then_resume": ["preemption"],
+    "test_preemption_sigterm_checkpoint_within_grace_then_resume": ["preemption", "completes"],
     "test_preemption_before_the_first_step_requeues_and_completes": ["preempted_at_start", "completes"],
     "test_deterministic_crash_loop_is_stopped_by_the_zero_progress_guard": ["crash_loop"],
     "test_sweep_skips_invalid_layout_submits_the_rest_and_detaches": ["sweep"],
+    "test_scancel_cancels_without_requeue_after_a_stop_checkpoint": ["user_cancel"],
+    "test_drain_command_ends_without_requeue_and_the_run_continues": ["drain", "completes"],
+    "test_scancel_signal_usr2_requeues_now_recorded_as_user_requeue": ["user_requeue", "completes"],
+    "test_report_names_who_stopped_each_run": ["user_cancel", "drain", "user_requeue", "preemption"],
 }
 
 
@@ -331,6 +382,8 @@ def test_time_limit_warning_requeues_and_resumes_with_equal_losses(scenarios: Di
     saved = {e["step"]: e["reason"] for e in run.of("checkpoint_saved") if e["restart_count"] == 0}
     assert saved.get(stop_step) in ("signal", "interval"), run.logs()
     assert [(e["method"], e["job_id_requeued"]) for e in run.of("requeue")] == [("scontrol", run.job_id)]
+    # USR2 within the lead time (+ Slurm's check period) of the job's EndTime: the time-limit warning
+    assert [(e["reason"], e["requeue"]) for e in run.of("stop")] == [("time_limit", True)], run.logs()
     resumed = run.of("resume")
     assert [(e["restart_count"], e["step"]) for e in resumed] == [(1, stop_step)], run.logs()
     # training: the interrupted run reached the end with exactly the uninterrupted run's losses
@@ -397,8 +450,12 @@ def test_preemption_sigterm_checkpoint_within_grace_then_resume(scenarios: Dict[
     assert len(saved) == 1, run.logs()
     assert saved[0]["time"] - float(run.seen["preempted_at"]) < grace, "the checkpoint missed the grace time"
     assert [e["method"] for e in run.of("requeue")] == ["scontrol"]
+    # Slurm said preemption (RUNNING with a PreemptTime in the grace time): requeued, as before
+    assert [(e["reason"], e["requeue"]) for e in run.of("stop")] == [("preemption", True)], run.logs()
+    assert "PreemptTime=" in run.of("stop")[0]["evidence"]
     assert [(e["restart_count"], e["step"]) for e in run.of("resume")] == [(1, stop_step)]
     assert run.step_reached() == ITERS
+    assert run.losses() == result(scenarios, "completes").losses()
 
 
 def test_preemption_before_the_first_step_requeues_and_completes(scenarios: Dict[str, Future]) -> None:
@@ -444,3 +501,83 @@ def test_sweep_skips_invalid_layout_submits_the_rest_and_detaches(scenarios: Dic
     assert set(out["ended"].values()) == {"CANCELLED"}, out["ended"]
     for e in submitted:
         assert (Path(e["run_dir"]) / "sbatch.sh").exists()
+
+
+def _stop_checkpoint_verified(run: Run, stop_step: int) -> None:
+    """The stop step is the newest checkpoint, and its manifest and checksums verify."""
+    from recovery.resume import find_latest_verified
+
+    found = find_latest_verified(run.dir / "checkpoints")
+    assert found.step == stop_step and not found.skipped, (found, run.logs())
+
+
+def test_scancel_cancels_without_requeue_after_a_stop_checkpoint(scenarios: Dict[str, Future]) -> None:
+    run = result(scenarios, "user_cancel")
+    # Slurm: one attempt, CANCELLED, never requeued (the ranks did not ask for it)
+    assert states(run) == ["CANCELLED"], run.logs()
+    assert run.restarts == 0
+    assert not run.of("requeue"), run.logs()
+    sig = run.of("signal")
+    assert [e["signal"] for e in sig] == ["SIGTERM"], run.logs()
+    stop_step = sig[0]["step"]
+    assert stop_step >= 12
+    # the ranks asked Slurm: the accounting said CANCELLED during the kill window
+    (stop,) = run.of("stop")
+    assert (stop["reason"], stop["requeue"], stop["step"]) == ("user_cancel", False, stop_step), run.logs()
+    assert "sacct CANCELLED" in stop["evidence"], stop["evidence"]
+    assert [e["reason"] for e in run.of("exit")] == ["stopped"]
+    # a stop checkpoint within KillWait, committed and verified (or the interval save of that very step)
+    saved = [e for e in run.of("checkpoint_saved") if e["step"] == stop_step]
+    assert len(saved) == 1 and saved[0]["reason"] in ("signal", "interval"), run.logs()
+    _stop_checkpoint_verified(run, stop_step)
+    # a later continuation (dependency chain) or a raced requeue would refuse to start
+    doc = json.loads((run.dir / "stop.json").read_text())
+    assert (doc["state"], doc["reason"], doc["step"]) == ("stopped", "user_cancel", stop_step)
+
+
+def test_drain_command_ends_without_requeue_and_the_run_continues(scenarios: Dict[str, Future]) -> None:
+    run, ref = result(scenarios, "drain"), result(scenarios, "completes")
+    stop_cmd = run.seen["stop_cmd"]
+    assert stop_cmd.returncode == 0 and "stop requested" in stop_cmd.stdout, stop_cmd.stdout + stop_cmd.stderr
+    # Slurm: the drained job ended COMPLETED (every rank exited 0), with no requeue
+    assert states(run) == ["COMPLETED"] and run.restarts == 0, run.logs()
+    first = [e for e in run.events() if e["job_id"] == run.job_id]
+    stops = [e for e in first if e["event"] == "stop"]
+    assert [(e["reason"], e["requeue"]) for e in stops] == [("user_stop", False)], run.logs()
+    stop_step = stops[0]["step"]
+    assert 12 <= stop_step < ITERS
+    assert not [e for e in first if e["event"] in ("requeue", "signal")]
+    assert [e["reason"] for e in first if e["event"] == "exit"] == ["stopped"]
+    assert run.seen["stop_file"]["state"] == "stopped" and run.seen["stop_file"]["step"] == stop_step
+    # submitting the same run again continues it from the stop checkpoint, to the uninterrupted run's losses
+    again = run.seen["again"]
+    assert states(again) == ["COMPLETED"], again.logs()
+    resumed = [e for e in again.of("resume") if e["job_id"] == again.job_id]
+    assert [e["step"] for e in resumed] == [stop_step], again.logs()
+    assert again.step_reached() == ITERS
+    assert again.losses() == ref.losses()
+    assert not (run.dir / "stop.json").exists()
+
+
+def test_scancel_signal_usr2_requeues_now_recorded_as_user_requeue(scenarios: Dict[str, Future]) -> None:
+    run, ref = result(scenarios, "user_requeue"), result(scenarios, "completes")
+    assert states(run) == ["REQUEUED", "COMPLETED"], run.logs()
+    assert run.restarts == 1
+    assert [e["signal"] for e in run.of("signal")] == ["SIGUSR2"]
+    (stop,) = run.of("stop")
+    assert (stop["reason"], stop["requeue"]) == ("user_requeue", True), run.logs()
+    assert "before EndTime" in stop["evidence"]
+    assert [e["method"] for e in run.of("requeue")] == ["scontrol"]
+    assert [(e["restart_count"], e["step"]) for e in run.of("resume")] == [(1, stop["step"])]
+    assert run.step_reached() == ITERS and run.losses() == ref.losses()
+
+
+def test_report_names_who_stopped_each_run(scenarios: Dict[str, Future], slurm_cluster: Cluster,
+                                           tmp_path: Path) -> None:
+    want = {"user_cancel": "user_cancel", "drain": "user_stop", "user_requeue": "user_requeue",
+            "preemption": "preemption"}
+    for name, cause in want.items():
+        causes = report_causes(slurm_cluster, result(scenarios, name), tmp_path / name)
+        assert list(causes) == [0], causes  # one interrupted attempt per run
+        assert causes[0].startswith(f"{cause} ("), (name, causes)
+        assert "event stop" in causes[0], causes

@@ -209,3 +209,40 @@ def test_local_launcher_relaunches_a_crash_until_the_zero_progress_guard(tmp_pat
     assert [s["reason"] for s in stops] == ["crash", "zero_progress"]
     assert stops[-1]["code"] == 3 and stops[-1]["restart_count"] == 1
     assert "iteration        1/       4" in proc.stdout  # the last rank's output is echoed live
+
+
+def test_local_drain_at_step_stops_then_pretrain_continues(tmp_path):
+    """cluster=local: a drain request (launch/stop.py at_step=3) ends the run at step 3 with exit 0, no
+    relaunch; pretrain.py with the same run clears the request and continues from that checkpoint."""
+    import json
+    import subprocess
+    import sys
+
+    from launch import stop
+    from recovery.events import read_events
+    from recovery.resume import find_latest_verified
+    from trainutil import REPO, write_job
+
+    run_dir = tmp_path / "drained"
+    overrides = ["cluster=local", "cluster.gpus_per_node=2", "parallelism=tp2", "training.train_iters=5",
+                 "training.checkpoint_interval=100", f"run.dir={run_dir}", "run.name=drained"]
+    write_job(run_dir, overrides)
+    assert stop.main([str(run_dir), "at_step=3"]) == 0
+    code = ("import sys; from launch.compose import load_job; from launch.local import run; "
+            f"sys.exit(run(load_job({str(run_dir / 'config.yaml')!r}), {str(run_dir)!r}))")
+    first = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    events = read_events(run_dir / "events.jsonl")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert [(e["event"], e.get("reason"), e.get("step")) for e in events if e["event"] in ("stop", "exit")] == [
+        ("stop", "user_stop", 3), ("exit", "stopped", 3)]
+    assert max(e["step"] for e in events if e["event"] == "iteration") == 3
+    assert find_latest_verified(run_dir / "checkpoints").step == 3
+    assert json.loads((run_dir / "stop.json").read_text())["state"] == "stopped"
+    again = subprocess.run([sys.executable, str(REPO / "launch" / "pretrain.py"), *overrides], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "cleared stop.json" in again.stderr
+    events = read_events(run_dir / "events.jsonl")
+    assert [(e["restart_count"], e["step"]) for e in events if e["event"] == "resume"] == [(0, 3)]
+    assert [e["reason"] for e in events if e["event"] == "exit"] == ["stopped", "completed"]
+    assert not (run_dir / "stop.json").exists()

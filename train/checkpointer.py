@@ -52,7 +52,7 @@ def find_start(ctx: RankContext) -> Start:
 
 
 def _decide(ctx: RankContext) -> Start:
-    from recovery import lock, policy
+    from recovery import lock, policy, stop
     from recovery.events import read_events
     from recovery.identity import run_identity
     from recovery.resume import committed_steps, plan_resume
@@ -84,6 +84,10 @@ def _decide(ctx: RankContext) -> Start:
     if plan.action == "refuse":
         return refuse(plan.reason, plan.detail, notices)
     res = Resume(plan.path, plan.step, plan.meta)
+    ended = stop.start_refusal(ctx.paths.stop_request, res.step, ctx.job_id)  # a cancel or a drain ended the run
+    if ended:
+        return Start(res, {"ok": False, "reason": ended[0], "code": policy.EXIT_COMPLETED, "detail": ended[1]},
+                     notices, identity)
     decision = policy.start_decision(ctx.paths.run_dir, ctx.restart, res.step, ctx.job.training, job_id=ctx.job_id)
     return Start(res, asdict(decision), notices, identity)
 

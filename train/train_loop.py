@@ -204,11 +204,12 @@ def _device_of(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def agree_stop(flag_signum: Optional[int], device: torch.device) -> int:
-    """All ranks agree at a step boundary: the largest signal number any rank saw (0 = none)."""
-    t = torch.tensor([int(flag_signum or 0)], dtype=torch.int64, device=device)
+def agree_stop(flag_signum: Optional[int], device: torch.device, requested: bool = False) -> tuple[int, bool]:
+    """All ranks agree at a step boundary: the largest signal number any rank saw (0 = none), and
+    whether any rank (rank 0 polls the stop request file) saw a drain request. One all-reduce."""
+    t = torch.tensor([int(flag_signum or 0), int(bool(requested))], dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t.item())
+    return int(t[0].item()), bool(t[1].item())
 
 
 def _reduce_loss(losses: List[Dict[str, torch.Tensor]], device: torch.device) -> torch.Tensor:
@@ -392,27 +393,33 @@ def throughput_model(ctx: Any) -> tuple[Optional[float], Optional[float]]:
 @dataclass
 class LoopResult:
     state: TrainState
-    reason: str  # completed | signal
+    reason: str  # completed | signal (a stop signal or a drain request)
     signum: int = 0
+    requested: bool = False  # a drain request (the stop file) was agreed
 
 
 def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, state: TrainState,
-             iters: int, valid: Optional[SampleSource] = None) -> LoopResult:
+             iters: int, valid: Optional[SampleSource] = None, judge: Any = None) -> LoopResult:
     """Train from ``state`` to ``iters``; at every step boundary all ranks agree on a stop first.
 
     ``ctx`` is the rank's :class:`train.context.RankContext`, ``ckpt`` its
     :class:`train.checkpointer.Checkpointer` (periodic saves, ``auto`` interval, lead-time check).
     ``valid``: the validation split, evaluated every ``training.eval_interval`` steps and at the end.
+    ``judge`` (rank 0 only, :class:`recovery.stop.Judge`) polls the drain request file and, on a stop,
+    asks Slurm who stopped the job while the ranks save.
     """
     t = ctx.job.training
     nmb = num_microbatches(ctx.job)
     meter = Meter(ctx, parts.optimizer, iters)
     while state.step < iters:
-        signum = agree_stop(ctx.flag.signum, ctx.device)
-        if signum:
-            ctx.emit("signal", signal=_signame(signum), step=state.step)
+        signum, requested = agree_stop(ctx.flag.signum, ctx.device, judge is not None and judge.requested(state.step))
+        if signum or requested:
+            if signum:
+                ctx.emit("signal", signal=_signame(signum), step=state.step)
+            if judge is not None:
+                judge.begin(signum, requested)
             ckpt.save(state, "signal")
-            return LoopResult(state, "signal", signum)
+            return LoopResult(state, "signal", signum, requested)
         inject_failure(ctx.hooks.fail_at_iter, state.step + 1)
         t0 = ctx.clock()
         loss, grad_norm, skipped = train_step(ctx.job, *parts, source, state, nmb, ctx.device)

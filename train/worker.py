@@ -156,24 +156,26 @@ def _train(ctx: RankContext) -> int:
     if t.eval_interval > 0:
         valid = build_validation_source(job.data, job.model, iters * t.global_batch_size,
                                         t.eval_iters * t.global_batch_size, ctx.paths.data_cache)
+    judge = _judge(ctx) if ctx.is_first else None
     try:
-        result = train_loop.run_loop(ctx, parts, ckpt, source, state, iters, valid)
-        return _finish(ctx, ckpt, parts, result)
+        result = train_loop.run_loop(ctx, parts, ckpt, source, state, iters, valid, judge)
+        return _finish(ctx, ckpt, parts, result, judge)
     finally:  # also after a crash: what was written is flushed
         if ctx.tracker is not None:
             ctx.tracker.close()
             ctx.tracker = None
 
 
-def _finish(ctx: RankContext, ckpt, parts, result) -> int:
-    """Requeue after a stop signal, or save the final checkpoint and say the run completed."""
+def _finish(ctx: RankContext, ckpt, parts, result, judge=None) -> int:
+    """After a stop: requeue or end as rank 0's judge decided; else save the final checkpoint and say the run
+    completed."""
     from recovery.policy import EXIT_COMPLETED
 
     if ctx.hooks.param_digest:
         print(f"parameter digest rank {ctx.rank}: {param_digest(parts.chunks)}", flush=True)
 
     if result.reason == "signal":
-        return _requeue_after_stop(ctx, result)
+        return _after_stop(ctx, result, judge)
     ckpt.save_final(result.state)
     ctx.emit("train_end", step=result.state.step, consumed_samples=result.state.consumed_samples)
     ctx.emit("exit", reason="completed", code=EXIT_COMPLETED, step=result.state.step)
@@ -192,18 +194,44 @@ def _refuse_start(ctx: RankContext, start) -> int:
     return int(dec["code"])
 
 
-def _requeue_after_stop(ctx: RankContext, result) -> int:
-    """The stop checkpoint is committed: rank 0 asks Slurm for a requeue; every rank exits with its code."""
-    from recovery import policy
+def _judge(ctx: RankContext):
+    """Rank 0's stop judge: polls the drain request file, asks Slurm who stopped the job (recovery/stop.py)."""
+    from recovery.stop import Judge
 
-    code = policy.EXIT_REQUEUE
-    if ctx.is_first:
-        code = policy.after_stop_save(result.signum, ctx.env, requeue_allowed=ctx.job.cluster.requeue_allowed,
-                                      events=ctx.events, step=result.state.step)
-        _exclude_recorded_nodes(ctx)
-    code = int(broadcast(code))
-    ctx.emit("exit", reason="requeue", code=code, step=result.state.step)
-    return code
+    return Judge(ctx.env, restart_count=ctx.restart, lead_s=ctx.job.training.signal_lead_time_s,
+                 received_at=lambda: ctx.flag.received_at, stop_file=ctx.paths.stop_request)
+
+
+def _after_stop(ctx: RankContext, result, judge) -> int:
+    """The stop checkpoint is committed: rank 0 decides who stopped the run (:mod:`recovery.stop`), every
+    rank follows. A requeue (preemption, time limit, node failure, ``scancel --signal=USR2``) exits 42
+    after ``scontrol requeue``; the user's cancel or drain, or a stop Slurm cannot explain, ends the job
+    (exit 0) and is not requeued."""
+    from recovery import policy
+    from recovery import stop as stopping
+
+    step = result.state.step
+    dec = broadcast(judge.decide(result.signum, result.requested).as_dict() if judge is not None else None)
+    ctx.emit("stop", reason=dec["reason"], requeue=dec["requeue"], evidence=dec["evidence"], step=step,
+             code=policy.EXIT_REQUEUE if dec["requeue"] else policy.EXIT_COMPLETED)
+    if dec["requeue"]:
+        code = policy.EXIT_REQUEUE
+        if ctx.is_first:
+            code = policy.after_stop_save(result.signum, ctx.env, requeue_allowed=ctx.job.cluster.requeue_allowed,
+                                          events=ctx.events, step=step)
+            _exclude_recorded_nodes(ctx)
+        code = int(broadcast(code))
+        ctx.emit("exit", reason="requeue", code=code, step=step)
+        return code
+    if dec["reason"] == stopping.UNDECIDED:
+        ctx.log(f"WARNING: not requeueing: {dec['evidence']}; resubmit the same run.name to continue")
+    else:
+        ctx.log(f"stopped at iteration {step} ({dec['reason']}): not requeueing; resubmit the same run.name to "
+                f"continue")
+    if ctx.is_first and dec["reason"] in (stopping.USER_STOP, stopping.USER_CANCEL):
+        stopping.mark_stopped(ctx.paths.stop_request, dec["reason"], step, ctx.job_id)
+    ctx.emit("exit", reason="stopped", code=policy.EXIT_COMPLETED, step=step)
+    return policy.EXIT_COMPLETED
 
 
 def _exclude_recorded_nodes(ctx: RankContext) -> None:

@@ -1,0 +1,91 @@
+"""Drain a run: ``python launch/stop.py run.name=NAME [at_step=N]`` (or ``python launch/stop.py RUN_DIR``).
+
+Takes the same overrides as ``launch/pretrain.py`` (they only locate the run directory) or the
+run directory itself. Writes the stop request file ``<run_dir>/stop.json``
+(:mod:`recovery.stop`); rank 0 of the running attempt polls it at every step boundary, the
+ranks agree, save a checkpoint and exit 0 without a requeue: the Slurm job ends COMPLETED
+(``cluster=local``: the launcher ends), with a ``stop`` event ``user_stop``. ``at_step=N``
+stops once N steps are done instead of at the next boundary. A requeued attempt that has not
+started yet honours the request when it starts. Submitting the same ``run.name`` again with
+``launch/pretrain.py`` clears the request and continues the run from that checkpoint.
+
+Exit codes: 0 request written, 2 bad input (no such run, a bad ``at_step``). No torch.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional, Sequence, TextIO
+
+if __package__ in (None, ""):  # run as a script: make the repository importable, not launch/ itself
+    _ROOT = str(Path(__file__).resolve().parent.parent)
+    sys.path[:] = [_ROOT] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+EXIT_BAD_INPUT = 2
+
+
+def parse_args(argv: Sequence[str]) -> tuple[Optional[Path], list[str], Optional[int]]:
+    """(run dir given as a path, Hydra overrides, at_step); raises ValueError with one clear line."""
+    run_dir, overrides, at_step = None, [], None
+    for a in argv:
+        if a.startswith("at_step="):
+            raw = a.split("=", 1)[1]
+            if not raw.isdigit() or int(raw) < 1:
+                raise ValueError(f"at_step: {raw!r} is not a step number >= 1; fix: at_step=N with N the step to "
+                                 f"stop after")
+            at_step = int(raw)
+        elif "=" in a:
+            overrides.append(a)
+        elif run_dir is None:
+            run_dir = Path(a)
+        else:
+            raise ValueError(f"{a!r}: one run directory at most (or run.name=NAME); usage: "
+                             f"python launch/stop.py run.name=NAME [at_step=N]")
+    if run_dir is None and not overrides:
+        raise ValueError("which run? usage: python launch/stop.py run.name=NAME [at_step=N] (or a run directory)")
+    return run_dir, overrides, at_step
+
+
+def resolve_run_dir(run_dir: Optional[Path], overrides: list[str]) -> Path:
+    if run_dir is not None:
+        return run_dir.absolute()
+    from launch.compose import compose_job
+
+    return Path(compose_job(overrides).run_dir).absolute()
+
+
+def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None, err: Optional[TextIO] = None) -> int:
+    from launch.paths import RunPaths
+    from recovery import stop as stopping
+    from recovery.events import read_events
+
+    out, err = out or sys.stdout, err or sys.stderr
+    try:
+        run_dir, overrides, at_step = parse_args(list(sys.argv[1:] if argv is None else argv))
+        run_dir = resolve_run_dir(run_dir, overrides)
+    except Exception as e:  # a bad override fails in Hydra's composition: one line, no traceback
+        print(f"refused: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}", file=err)
+        return EXIT_BAD_INPUT
+    paths = RunPaths.of(run_dir)
+    if not paths.config.exists():
+        print(f"refused: run directory {run_dir} has no config.yaml: no such run (check run.name / cluster.run_root)",
+              file=err)
+        return EXIT_BAD_INPUT
+    events = [e for e in read_events(paths.events) if e.get("event") in ("job_start", "exit")]
+    last = events[-1] if events else None
+    doc = stopping.request_stop(paths.stop_request, at_step=at_step)
+    when = f"once step {at_step} is done" if at_step else "at the next step boundary"
+    print(f"stop requested for {run_dir} ({paths.stop_request.name}, by {doc['by']}): the running attempt saves a "
+          f"checkpoint {when} and ends without a requeue", file=out)
+    if last is not None and last.get("event") == "exit":
+        why = last.get("reason")
+        note = ("its requeued attempt honours it when it starts" if why == "requeue"
+                else "no attempt is running now (last: exit " + str(why) + "); a job still queued honours it")
+        print(f"note: {note}", file=out)
+    print(f"continue later with: python launch/pretrain.py <the same overrides> (it clears {paths.stop_request.name})",
+          file=out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
