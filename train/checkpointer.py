@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
-from recovery.interval import parse_interval, resolve_interval
+from recovery.interval import resolve_interval
 from recovery.resume import Resume
 from train.context import RankContext, broadcast, model_shape
 
@@ -112,6 +112,16 @@ def vet_resume(ctx: RankContext, start: Start) -> None:
         megatron_ckpt.check_optimizer_type(resume.meta, ctx.job.parallelism.distributed_optimizer, resume.path)
 
 
+def configured_interval(training: Any) -> Optional[int]:
+    """``training.checkpoint_interval`` as the job reads it: steps, or None for 'auto' (resolved after a save)."""
+    if training.checkpoint_interval_is_auto:
+        return None
+    if training.fixed_checkpoint_interval is None:
+        raise ValueError(f"training.checkpoint_interval must be a positive int or 'auto', "
+                         f"got {training.checkpoint_interval!r}")
+    return training.fixed_checkpoint_interval
+
+
 class Checkpointer:
     """Saves and loads one rank's share of the training state (collective calls: every rank calls them)."""
 
@@ -120,7 +130,7 @@ class Checkpointer:
         self.parts = parts  # train.train_loop.TrainingParts
         self.identity = identity  # the manifest's owner (rank 0)
         self.last_bytes: Optional[int] = None  # size of the newest committed checkpoint: the next one's estimate
-        self.interval: Optional[int] = parse_interval(ctx.job.training.checkpoint_interval)  # None: auto, unmeasured
+        self.interval: Optional[int] = configured_interval(ctx.job.training)  # None: auto, not measured yet
         self.saved_steps: set[int] = set()
         self._lead_checked = False
 

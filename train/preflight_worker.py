@@ -102,7 +102,7 @@ def _build(job: Any, cuda: bool, device: Any) -> tuple[list, Any, Any]:
     """Model chunks (DDP), optimizer and scheduler, built exactly as train.worker builds them."""
     from train import train_loop
 
-    iters = train_loop.train_iters(job.training, job.training.global_batch_size, job.model.seq_length)
+    iters = train_loop.train_iters(job)
     return train_loop.build_training(job, iters, cuda=cuda, device=device)
 
 

@@ -72,16 +72,16 @@ class Counters:
     history: List[StepResult] = field(default_factory=list)
 
 
-def train_iters(training: TrainingConfig, gbs: int, seq_length: int) -> int:
-    """``training.train_iters``, or ``ceil(train_tokens / (gbs * seq))`` when tokens are given."""
-    if training.train_tokens:
-        return int(math.ceil(training.train_tokens / (gbs * seq_length)))
-    if not training.train_iters or training.train_iters < 1:
+def train_iters(job: Job) -> int:
+    """:attr:`launch.config.Job.iterations`, refused on the rank when it is not a step count >= 1."""
+    iters = job.iterations
+    if not iters or iters < 1:
         raise ValueError("set training.train_iters (>= 1) or training.train_tokens")
-    return int(training.train_iters)
+    return int(iters)
 
 
 def num_microbatches(job: Job) -> int:
+    """:attr:`launch.config.Job.num_microbatches`, refused on the rank unless it divides the batch exactly."""
     t = job.training
     per_step = t.micro_batch_size * job.dp
     if per_step < 1 or t.global_batch_size % per_step:
@@ -89,7 +89,7 @@ def num_microbatches(job: Job) -> int:
             f"training.global_batch_size={t.global_batch_size} is not a multiple of "
             f"micro_batch_size * dp = {t.micro_batch_size} * {job.dp} = {per_step}"
         )
-    return t.global_batch_size // per_step
+    return job.num_microbatches
 
 
 def seed_step(seed: int, step: int) -> None:

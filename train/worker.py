@@ -132,7 +132,7 @@ def _train(ctx: RankContext) -> int:
     from train.data import build_source, build_validation_source
 
     job, t = ctx.job, ctx.job.training
-    iters = train_loop.train_iters(t, t.global_batch_size, job.model.seq_length)
+    iters = train_loop.train_iters(job)
     start = find_start(ctx)  # rank 0 searches and decides, every rank follows
     ctx.emit("job_start", world_size=ctx.world, layout=ctx.layout, train_iters=iters, nodes=ctx.dist.nodes,
              source=ctx.dist.source)
