@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import math
 import socket
-import subprocess
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 from launch.compose import load_job
 from launch.config import Job
 from launch.paths import RunPaths
-
-Runner = Callable[..., Any]  # subprocess.run-compatible
+from recovery.slurm import Runner, Slurm, default_runner
 TERMINAL = ("completed", "failed", "cancelled", "timeout", "stopped")
 _SLURM_STATE = {"PENDING": "pending", "CONFIGURING": "running", "RUNNING": "running", "COMPLETING": "running",
                 "SUSPENDED": "pending", "REQUEUED": "requeued", "REQUEUE_HOLD": "requeued", "REQUEUE_FED": "requeued",
@@ -73,10 +71,6 @@ class RunState:
         return self.state in TERMINAL
 
 
-def _run(runner: Runner, argv: list[str]) -> Any:
-    return runner(argv, capture_output=True, text=True, timeout=60)
-
-
 def _last_line(text: Optional[str]) -> str:
     lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
     return lines[-1][:300] if lines else "(no output)"
@@ -87,26 +81,25 @@ def slurm_state(job_id: str, runner: Runner) -> tuple[str, str, Optional[str]]:
 
     ``error`` is one line when neither could be asked (the state is then ``unknown``).
     """
-    try:
-        proc = _run(runner, ["squeue", "-h", "-j", str(job_id), "-o", "%i|%T|%r"])
-    except FileNotFoundError:
+    slurm = Slurm(runner)
+    r = slurm.squeue([job_id], "%i|%T|%r")
+    if isinstance(r.error, FileNotFoundError):
         return "unknown", "", "squeue is not on PATH (not a Slurm login node?): the job's state is unknown"
-    if proc.returncode == 0:
-        for line in (proc.stdout or "").splitlines():
+    if r.ok:
+        for line in r.out.splitlines():
             jid, _, rest = line.strip().partition("|")
             if jid.split("_")[0] == str(job_id):
                 state, _, reason = rest.partition("|")
                 reason = "" if reason.strip() in ("None", "(null)") else reason.strip()
                 return _SLURM_STATE.get(state.strip(), state.strip().lower()), reason, None
-    elif "Invalid job id" not in (proc.stderr or ""):
-        return "unknown", "", f"squeue exited {proc.returncode}: {_last_line(proc.stderr)}"
-    try:
-        proc = _run(runner, ["sacct", "-n", "-X", "-P", "-j", str(job_id), "--format=JobID,State,ExitCode"])
-    except FileNotFoundError:
+    elif "Invalid job id" not in r.err:
+        return "unknown", "", f"squeue exited {r.rc}: {_last_line(r.err)}"
+    r = slurm.sacct([job_id], "-n", "-X", "-P", "--format=JobID,State,ExitCode")
+    if isinstance(r.error, FileNotFoundError):
         return "unknown", "", "sacct is not on PATH: the state of an ended job is unknown"
-    if proc.returncode != 0:
-        return "unknown", "", f"sacct exited {proc.returncode}: {_last_line(proc.stderr)}"
-    rows = [line.split("|") for line in (proc.stdout or "").splitlines() if line.strip()]
+    if not r.ok:
+        return "unknown", "", f"sacct exited {r.rc}: {_last_line(r.err)}"
+    rows = [line.split("|") for line in r.out.splitlines() if line.strip()]
     rows = [r for r in rows if r and r[0].split("_")[0] == str(job_id)]
     if not rows:
         return "unknown", "", f"neither squeue nor sacct knows job {job_id} (accounting off, or purged)"
@@ -120,11 +113,8 @@ def sacct_dump(job_ids: list, runner: Runner) -> Optional[str]:
     """``sacct -D`` of the run's jobs (every attempt), for the interruption causes; None if unavailable."""
     if not job_ids:
         return None
-    try:
-        proc = _run(runner, ["sacct", "-D", "--parsable2", "--format=ALL", "-j", ",".join(job_ids)])
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return proc.stdout if proc.returncode == 0 and (proc.stdout or "").strip() else None
+    r = Slurm(runner).sacct(job_ids, "-D", "--parsable2", "--format=ALL")
+    return r.out if r.ok and r.out.strip() else None
 
 
 def _local_state(paths: RunPaths, events: list[dict], *, alive: Optional[Callable] = None) -> tuple[str, str]:
@@ -255,7 +245,7 @@ def _estimate(state: RunState, job: Job) -> None:
         state.warnings.append(f"no planner estimate: {exc}")
 
 
-def gather(run_dir: str | Path, *, runner: Runner = subprocess.run, clock: Callable[[], float] = time.time,
+def gather(run_dir: str | Path, *, runner: Runner = default_runner, clock: Callable[[], float] = time.time,
            log_lines: int = 5, alive: Optional[Callable] = None) -> RunState:
     """The status of the run in ``run_dir`` (which must hold a ``config.yaml``)."""
     from launch.submit import read_submissions

@@ -13,7 +13,6 @@ Exit codes: 0 shown, 2 no such run or sweep (one line). Login-node safe: no torc
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ if __package__ in (None, ""):  # python launch/status.py: make the repository im
         p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 from launch.paths import RunPaths  # noqa: E402
+from recovery.slurm import default_runner  # noqa: E402
 from launch.run_state import RunState, gather  # noqa: E402
 
 EXIT_NO_RUN = 2
@@ -183,7 +183,7 @@ def _parse_flags(argv: list[str]) -> tuple[list[str], dict]:
     return rest, opts
 
 
-def main(argv: Optional[list[str]] = None, *, runner: Callable[..., Any] = subprocess.run, out: TextIO = sys.stdout,
+def main(argv: Optional[list[str]] = None, *, runner: Callable[..., Any] = default_runner, out: TextIO = sys.stdout,
          err: TextIO = sys.stderr, clock: Callable[[], float] = time.time,
          sleep: Callable[[float], None] = time.sleep, max_refreshes: Optional[int] = None) -> int:
     """Print the status once, or every ``--watch`` seconds until the run ends (or Ctrl-C)."""

@@ -93,6 +93,14 @@ class Slurm:
         """``scontrol update JobId=<id> ExcNodeList=<hosts>`` (replaces the list; pending jobs only)."""
         return self.call(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(hosts)}"])
 
+    def squeue(self, job_ids: Iterable[str], fmt: str) -> Reply:
+        """``squeue -h -j <ids> -o <fmt>``: one line per job Slurm still lists (ended jobs are absent)."""
+        return self.call(["squeue", "-h", "-j", ",".join(str(j) for j in job_ids), "-o", fmt])
+
+    def sacct(self, job_ids: Iterable[str], *options: str) -> Reply:
+        """``sacct <options> -j <ids>``: accounting rows, also of jobs that ended."""
+        return self.call(["sacct", *options, "-j", ",".join(str(j) for j in job_ids)])
+
     def in_queue(self, job_id: str) -> bool:
         """Whether ``squeue`` still lists the job (pending, running, completing); True if it cannot tell."""
         r = self.call(["squeue", "-h", "-j", job_id, "-o", "%T"], timeout=30)

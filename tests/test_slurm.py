@@ -48,3 +48,13 @@ def test_sbatch_answers_parsable_ids_in_order():
     assert slurm.sbatch("s.sh", "--parsable", "--dependency=afterany:4242").out.strip() == "4243"
     assert fake.called("sbatch", "--parsable", "--dependency=afterany:4242") == [
         ["sbatch", "--parsable", "--dependency=afterany:4242", "s.sh"]]
+
+
+def test_squeue_and_sacct_name_the_jobs_and_a_missing_program_is_told_apart():
+    fake = FakeSlurm(job_id="5", attempts=[("COMPLETED", "stn1", "2026-01-01T00:00:00", "2026-01-01T01:00:00")])
+    slurm = Slurm(fake)
+    assert slurm.squeue(["5", "6"], "%i|%T").ok
+    assert slurm.sacct(["5"], "-D", "-X").out.startswith("5|COMPLETED")
+    assert fake.calls == [["squeue", "-h", "-j", "5,6", "-o", "%i|%T"], ["sacct", "-D", "-X", "-j", "5"]]
+    gone = Slurm(FakeSlurm(missing={"sacct"})).sacct(["5"])
+    assert isinstance(gone.error, FileNotFoundError) and not gone.ok
