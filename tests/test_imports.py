@@ -19,6 +19,12 @@ PRODUCT = ("launch", "train", "recovery", "analysis")
 CONTRACT = ("launch.config", "launch.compose", "launch.paths", "launch.vocab", "launch.dist_env",
             "launch.tokenizer", "launch.problems", "launch.preflight_checks")
 TEST_MODULES = ("tests", "conftest", "faults", "fake_slurm", "slurm_cluster", "trainutil")
+# Known exceptions, each with its reason; a new one must be added here on purpose.
+EXCEPTIONS = {
+    # the rank's free-space check before its first save asks the planner's checkpoint size (torch-free); it
+    # belongs in the contract (a Job property) once the planner's size model moves there
+    "train.checkpointer imports launch.planner.estimate.checkpoint_bytes",
+}
 
 
 def module_name(path: Path) -> str:
@@ -55,8 +61,10 @@ def violations(package: str, allowed: tuple[str, ...]) -> list[str]:
     out = []
     for mod, names in modules(package).items():
         for name in sorted(names):
-            if ours(name) and name not in PRODUCT and not within(name, (package,) + allowed):
-                out.append(f"{mod} imports {name}")
+            line = f"{mod} imports {name}"
+            if ours(name) and name not in PRODUCT and not within(name, (package,) + allowed) \
+                    and line not in EXCEPTIONS:
+                out.append(line)
     return out
 
 
