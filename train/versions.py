@@ -28,8 +28,6 @@ from typing import Callable, Mapping, Optional
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from launch.paths import RunPaths
-
 # distribution name -> tested range; pyproject.toml's [train] extra says the same (a test checks)
 SUPPORTED = {
     "torch": ">=2.11,<2.14",
