@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Optional
@@ -27,6 +28,7 @@ _CHUNK = 8 << 20  # 8 MiB reads: large enough to reach sequential bandwidth, sma
 DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 # ENOENT / ENOTDIR inside a checkpoint are a completeness question (a missing file), answered by verify.
 _ABSENT_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR})
+_ERRNO_TEXT = re.compile(r"\[Errno (\d+)\]")  # dist_checkpointing gathers a writer's OSError as text only
 
 
 class StorageError(OSError):
@@ -68,6 +70,11 @@ def classify(exc: BaseException) -> Optional[StorageError]:
         if isinstance(e, OSError) and e.errno and e.errno not in _ABSENT_ERRNOS:
             kind = "disk_full" if e.errno in DISK_FULL_ERRNOS else "environment"
             return StorageError(kind, e.errno, str(e.filename or "?"), e.strerror or "")
+        m = _ERRNO_TEXT.search(str(e)) if not isinstance(e, OSError) else None
+        if m and int(m.group(1)) not in _ABSENT_ERRNOS:  # an OSError that crossed a process as text
+            err = int(m.group(1))
+            return StorageError("disk_full" if err in DISK_FULL_ERRNOS else "environment", err, "?",
+                                str(e).strip().splitlines()[0][:200])
         failures = getattr(e, "failures", None)
         if isinstance(failures, dict):
             for v in failures.values():

@@ -460,3 +460,12 @@ def test_a_save_error_without_errno_on_a_disk_without_room_is_a_full_disk(tmp_pa
     assert stop["reason"] == "disk_full" and "unexpected pos" in stop["detail"] and "100 bytes free" in stop["detail"]
     assert names(tmp_path) == []
     assert save_failed(torch_words, tmp_path, 20, storage=SmallDisk(10**9), expected_bytes=5000) is None  # a crash
+
+
+def test_an_oserror_that_crossed_a_process_as_text_is_still_classified():
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    e = CheckpointException("write", {0: (RuntimeError("Worker failure: [Errno 28] No space left on device"), None)})
+    assert classify(e).kind == "disk_full"
+    assert classify(RuntimeError("Worker failure: [Errno 13] Permission denied")).kind == "environment"
+    assert classify(RuntimeError("Worker failure: [Errno 2] No such file")) is None
