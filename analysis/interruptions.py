@@ -283,7 +283,7 @@ def build_attempts(
                     # SIGTERM is preemption or scancel (recovery/policy.py); a scancelled job
                     # is not requeued (sacct CANCELLED), a preempted one comes back
                     add(r.job, r.attempt, "preemption", "event signal SIGTERM, then requeued (preemption)")
-            elif r.event == "stop" and str(getattr(r, "reason", "")) in ("crash", "hang"):
+            elif r.event == "stop" and str(getattr(r, "reason", "")) in ("crash", "hang", "nan"):
                 add(r.job, r.attempt, str(r.reason), f"event stop {r.reason}")
             elif r.event == "hang":
                 add(r.job, r.attempt, "hang", "event hang")

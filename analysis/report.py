@@ -13,6 +13,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import Optional
 
 if __name__ == "__main__":  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -72,7 +73,45 @@ def analyze_run(run: RunInputs, shape: RunShape, *, window: int = 20, threshold:
         "attempts": att, "interruptions": intr, "metrics": m, "by_attempt": attempt_summary(m),
         "by_layout": layout_summary(m), "stragglers": straggler_flags(m), "goodput": goodput(att),
         "computed": bool(shape.model and shape.world_size),
+        "live": live_alerts(ev),
     }
+
+
+LIVE_EVENTS = ("hang", "nan", "nan_rollback", "batches_skipped", "straggler", "regression")
+
+
+def live_alerts(ev: Optional[pd.DataFrame]) -> pd.DataFrame:
+    """What the job's live checks recorded while it ran (hangs, NaNs, stragglers, regressions), one row each."""
+    cols = ["ts", "job_id", "restart_count", "event", "step", "what"]
+    if ev is None or ev.empty:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    for r in ev[ev["event"].isin(LIVE_EVENTS)].to_dict("records"):
+        k = r["event"]
+        if k == "hang":
+            what = (f"{r.get('deadline')} deadline ({r.get('arithmetic')}); suspects "
+                    + ", ".join(f"rank {s.get('rank')} on {s.get('host')}" for s in (r.get("suspects") or []))
+                    + f"; stacks {r.get('stacks')}")
+        elif k == "straggler":
+            what = (f"rank {r.get('rank_slow')} on {r.get('host_slow')}: {_f(r.get('ratio'))}x the median compute "
+                    f"time over {r.get('steps')} steps")
+        elif k == "regression":
+            what = (f"median step {_f(r.get('step_s'))} s vs baseline {_f(r.get('baseline_s'))} s "
+                    f"for {r.get('intervals')} intervals")
+        elif k == "nan":
+            what = f"loss {r.get('loss')}, grad norm {r.get('grad_norm')}; policy {r.get('policy')}"
+        elif k == "nan_rollback":
+            what = f"rolled back to step {r.get('to_step')}; skip {r.get('skip_batches')} batch(es)"
+        else:
+            what = f"skipped {r.get('batches')} batch(es) from sample {r.get('first_sample')}"
+        rows.append({"ts": r.get("ts"), "job_id": r.get("job_id"), "restart_count": r.get("restart_count"),
+                     "event": k, "step": r.get("step"), "what": what})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _f(v) -> str:
+    x = _num(v)
+    return "?" if x is None else f"{x:.3g}"
 
 
 def _num(v):
@@ -110,6 +149,7 @@ def _summary(run: RunInputs, res: dict) -> dict:
         "logged_vs_computed_tflops": _num((m["tflops_per_gpu"] / m["tflops"])[m["tflops_per_gpu"] >= 1.0].median())
         if len(m) and res["computed"] else None,
         "stragglers": res["stragglers"][res["stragglers"]["straggler"]].to_dict("records"),
+        "live_alerts": {k: int((res["live"]["event"] == k).sum()) for k in LIVE_EVENTS if (res["live"]["event"] == k).any()},
     }
 
 
@@ -271,6 +311,8 @@ def run_blocks(name: str, s: dict, res: dict, args: argparse.Namespace, mfu_reas
                 "straggler ranks (median step time > 1.1x the ranks' median): " + (", ".join(strag) or "none")]),
         ("h", 3, "Interruptions"),
         ("table", res["interruptions"], "one row per attempt that ended before the run finished"),
+        ("h", 3, "Live alerts"),
+        ("table", res["live"], "hangs, NaNs, stragglers and throughput regressions the job's live checks recorded"),
     ] + ([("h", 3, "Validation loss"), ("table", s_validation(s), "lm loss on the validation split")]
          if s.get("validation") else []) + [
         ("h", 3, "Throughput per attempt"),

@@ -19,7 +19,7 @@ import re
 from typing import Any, Callable, Optional
 
 from analysis import flops
-from launch import planner, vocab
+from launch import check_watch, planner, vocab
 from launch.config import CHOICES, Job
 from launch.layout_rules import batch, features, has_size_errors, layout_problems, mesh, model_split, positive_sizes
 from launch.problems import Problem
@@ -68,7 +68,7 @@ def check(job: Job, *, path_exists: Callable[[str], bool] = os.path.exists) -> l
     """
     problems: list[Problem] = []
     for rule in (positive_sizes, mesh, model_split, batch, features, _recipe_support, _enums, _lifecycle,
-                 _time, _cluster, _numbers, _strings):
+                 _time, _cluster, _numbers, _strings, check_watch.problems):
         problems.extend(rule(job))
     problems.extend(_data(job, path_exists))
     if not has_size_errors(problems):

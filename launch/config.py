@@ -39,6 +39,7 @@ DataKind = Literal["mock", "indexed"]
 PositionEmbedding = Literal["rope", "learned_absolute"]
 Normalization = Literal["RMSNorm", "LayerNorm"]
 PlanFormat = Literal["table", "json"]
+OnNan = Literal["stop", "rollback"]
 WandbMode = Literal["offline", "online"]
 
 CHOICES: Dict[str, tuple] = {  # dotted field -> allowed values
@@ -51,6 +52,7 @@ CHOICES: Dict[str, tuple] = {  # dotted field -> allowed values
     "model.normalization": get_args(Normalization),
     "plan.format": get_args(PlanFormat),
     "tracking.wandb_mode": get_args(WandbMode),
+    "training.on_nan": get_args(OnNan),
 }
 
 
@@ -216,6 +218,23 @@ class TrainingConfig:
     zero_progress_restarts: int = 3  # stop after N consecutive restarts with no new checkpoint
     requeue_on_crash: bool = True  # Slurm: requeue a crashed attempt (bounded by the two limits above)
     restart_from_scratch: bool = False  # fresh submission only: move existing checkpoints to quarantine/, start at 0
+    # hang watchdog (recovery/watchdog.py): a watcher process per rank ends a hung attempt and requeues it
+    hang_watchdog: bool = True  # on by default, on Slurm and cluster=local
+    hang_startup_s: float = 1200.0  # rank start to its first finished step (start-up, checkpoint load, step 1)
+    hang_step_factor: float = 5.0  # step deadline = max(factor x median step interval, hang_step_floor_s)
+    hang_step_floor_s: float = 60.0  # lower bound of the step deadline
+    hang_save_factor: float = 3.0  # save deadline = max(factor x slowest measured save, hang_save_floor_s)
+    hang_save_floor_s: float = 120.0  # lower bound of the save deadline
+    # NaN/Inf guard (train/nan_guard.py)
+    on_nan: str = "stop"  # OnNan: stop (end with reason nan, no requeue) | rollback (reload newest verified checkpoint)
+    nan_skip_batches: int = 1  # rollback: global batches skipped from the one that gave the non-finite value
+    max_nan_rollbacks: int = 3  # rollback: incidents tolerated per attempt before stopping with reason nan
+    nan_hooks: bool = False  # debug: hooks naming the first module/parameter with a non-finite value (slow)
+    # live stragglers and throughput (train/stragglers.py)
+    straggler_interval: int = 10  # steps between all-gathers of each rank's compute time (0 = off)
+    straggler_threshold: float = 0.2  # a rank slower than the median by more than this fraction is a straggler
+    regression_threshold: float = 0.2  # throughput below (1 - this) x the run's baseline is a drop
+    regression_intervals: int = 3  # consecutive slow intervals before a 'regression' event
 
     @property
     def checkpoint_interval_is_auto(self) -> bool:

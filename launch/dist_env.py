@@ -126,6 +126,9 @@ def from_env(
     return DistEnv(0, 1, 0, "127.0.0.1", int(env.get("MASTER_PORT", "29500")), ["127.0.0.1"], "single")
 
 
+PG_TIMEOUT_S = 1800  # torch.distributed's process-group timeout for training (a hung collective raises after it)
+
+
 def backend(cuda_available: bool) -> str:
     """NCCL when CUDA is present, gloo otherwise."""
     return "nccl" if cuda_available else "gloo"

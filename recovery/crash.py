@@ -9,8 +9,9 @@ The batch script therefore asks, after ``srun`` returned non-zero::
 The answer comes from the attempt's own event log (rank 0 writes it, fsynced per event), not
 from srun's exit code (``--kill-on-bad-exit`` turns most endings into 143):
 
-* the attempt's ``exit`` event says ``error`` after a ``stop`` with reason ``crash``, or the
-  attempt left no ``exit`` event at all (killed: OOM killer, segfault, lost node) → requeue;
+* the attempt's ``exit`` event says ``error`` after a ``stop`` with reason ``crash``, or ``hang``
+  (the hang watchdog ended it), or the attempt left no ``exit`` event at all (killed: OOM
+  killer, segfault, lost node) → requeue;
 * ``requeue`` (rank 0 already ran ``scontrol requeue`` after the stop checkpoint),
   ``completed``, ``zero_progress``, ``max_restarts`` or a refusal such as
   ``optimizer_mismatch`` → leave it: requeueing would only repeat a decision;
@@ -53,6 +54,8 @@ def crashed(events: list[dict]) -> tuple[bool, str]:
     final = [r for r in stops if r in policy.FINAL_REASONS]
     if final:
         return False, f"the attempt stopped for good ({final[-1]}): another attempt would meet the same refusal"
+    if last.get("reason") == "hang":  # the hang watchdog ended the attempt (recovery/watchdog.py)
+        return True, f"the attempt hung: {next((e.get('detail') for e in reversed(events) if e.get('event') == 'stop'), '')}"[:300]
     if last.get("reason") == "error" and (not stops or stops[-1] == "crash"):
         return True, f"the attempt crashed: {next((e.get('detail') for e in reversed(events) if e.get('event') == 'stop'), '')}"[:300]
     return False, f"the attempt ended with exit reason {last.get('reason')!r}" + (f" (stop: {stops[-1]})" if stops else "")

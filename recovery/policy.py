@@ -21,6 +21,8 @@ code  name                  meaning
 9     EXIT_RUN_LOCKED       refused to start: another live attempt holds the run lock
 10    EXIT_UNSUPPORTED      refused to start: torch/megatron-core outside the tested ranges,
                             or fp8 without TransformerEngine (train/versions.py)
+11    EXIT_NAN              a non-finite loss or grad norm with training.on_nan=stop (or rollbacks
+                            exhausted); nothing non-finite was applied or saved; not requeued
 42    EXIT_REQUEUE          stop signal -> checkpoint committed -> asked Slurm to requeue
 ====  ====================  ==============================================================
 
@@ -94,6 +96,7 @@ EXIT_STORAGE = 7
 EXIT_DISK_FULL = 8
 EXIT_RUN_LOCKED = 9
 EXIT_UNSUPPORTED = 10
+EXIT_NAN = 11
 EXIT_REQUEUE = 42
 
 # stop reason -> exit code, for every final stop (no requeue, no relaunch)
@@ -106,6 +109,7 @@ FINAL_REASONS = {
     "disk_full": EXIT_DISK_FULL,
     "run_locked": EXIT_RUN_LOCKED,
     "unsupported_software": EXIT_UNSUPPORTED,
+    "nan": EXIT_NAN,
 }
 FINAL_CODES = (EXIT_COMPLETED,) + tuple(sorted(set(FINAL_REASONS.values())))
 

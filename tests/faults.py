@@ -32,10 +32,10 @@ from launch.local import WORKER_MODULE, Ranks
 from launch.paths import RunPaths
 from recovery.commit import parse_dir_name
 from recovery.events import parse_json_lines, read_events
-from recovery.policy import EXIT_COMPLETED, EXIT_MAX_RESTARTS, EXIT_ZERO_PROGRESS
+from recovery.policy import EXIT_COMPLETED, EXIT_MAX_RESTARTS, EXIT_NAN, EXIT_ZERO_PROGRESS
 
 LOG_PREFIX = "faults"  # logs/faults_<restart>_rank<r>.out
-KINDS = ("signal_all", "signal_rank", "kill_rank", "kill_in_save", "corrupt_latest")
+KINDS = ("signal_all", "signal_rank", "kill_rank", "kill_in_save", "corrupt_latest", "stop_rank")
 
 
 @dataclass
@@ -51,7 +51,9 @@ class Fault:
       ``after_steps`` iterations, while it is in its staging directory (run the attempt
       with ``SLURMTRON_TEST_SAVE_SLEEP_S`` so the window is wide): a torn ``iter_N.tmp``;
     * ``corrupt_latest``: before the attempt starts, flip one byte in the largest shard of
-      the newest committed checkpoint (bit rot / a bad write that fsync did not catch).
+      the newest committed checkpoint (bit rot / a bad write that fsync did not catch);
+    * ``stop_rank``: SIGSTOP ``rank``'s main process only (not its group: its hang watcher
+      keeps running) after ``after_steps`` iterations: a hang nothing announces.
     """
 
     kind: str
@@ -73,6 +75,7 @@ class Fault:
             "kill_rank": f"SIGKILL rank {self.rank} after {n} step(s)",
             "kill_in_save": f"SIGKILL rank 0 during the first save after {n} step(s)",
             "corrupt_latest": "one flipped byte in the newest checkpoint",
+            "stop_rank": f"SIGSTOP rank {self.rank} after {n} step(s)",
         }[self.kind]
 
 
@@ -221,6 +224,12 @@ def _fire(fault: Fault, att: Attempt, ranks: Ranks, iterations: int, ckpt_root: 
     elif fault.kind == "kill_rank":
         ranks.send(signal.SIGKILL, fault.rank)
         detail = f"after {iterations} step(s)"
+    elif fault.kind == "stop_rank":
+        try:
+            os.kill(procs[fault.rank].pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            pass
+        detail = f"after {iterations} step(s)"
     else:  # kill_in_save
         staging = _staging_with_files(ckpt_root, att.started)
         if staging is None:
@@ -248,7 +257,7 @@ def run_until_done(
         attempts.append(att)
         if att.timed_out:
             break
-        if att.code in (EXIT_COMPLETED, EXIT_ZERO_PROGRESS, EXIT_MAX_RESTARTS) and all(
+        if att.code in (EXIT_COMPLETED, EXIT_ZERO_PROGRESS, EXIT_MAX_RESTARTS, EXIT_NAN) and all(
                 c == att.code for c in att.codes):
             break
     return attempts

@@ -21,7 +21,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List
+from typing import Callable, Dict, Iterator, List, Optional
 
 import pytest
 
@@ -218,6 +218,42 @@ def crash_loop(cluster: Cluster, d: Path) -> Run:
     return finish(cluster, run, timeout=2 * TRAIN_TIMEOUT)
 
 
+def rank_pid(job_id: str, procid: int) -> Optional[int]:
+    """The pid of the training rank (not its watcher) with this job id and SLURM_PROCID, from /proc."""
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes().split(b"\0")
+            env = dict(x.split(b"=", 1) for x in (p / "environ").read_bytes().split(b"\0") if b"=" in x)
+        except OSError:
+            continue
+        if b"train.worker" in cmd and env.get(b"SLURM_JOB_ID") == job_id.encode() \
+                and env.get(b"SLURM_PROCID") == str(procid).encode():
+            return int(p.name)
+    return None
+
+
+def hang(cluster: Cluster, d: Path) -> Run:
+    """TP2 x DP2, 1 s per step; after the step-10 checkpoint rank 1 is SIGSTOPped (no signal, no exit).
+
+    The hang watchdog must notice (step deadline max(5 x median, 10 s)), dump every rank's
+    stacks, name rank 1 the suspect, end the attempt; the batch script requeues it
+    (recovery/crash.py) and the rerun resumes from step 10.
+    """
+    import os
+    import signal
+
+    run = submit(cluster, d / "hang", "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=1",
+                 "training.hang_step_floor_s=10")
+    wait_step(run, 12)
+    pid = rank_pid(run.job_id, 1)
+    assert pid, run.logs()
+    os.kill(pid, signal.SIGSTOP)
+    run.seen["stopped_at"] = time.time()
+    return finish(cluster, run)
+
+
 def sweep(cluster: Cluster, d: Path) -> Dict[str, object]:
     """A Hydra multirun over 3 layouts (tp=1, 2, 4 on 2 x 2 ranks); tp=4 > 2 ranks per node is invalid."""
     root = d / "runs"
@@ -282,6 +318,7 @@ SCENARIOS: Dict[str, Callable[[Cluster, Path], object]] = {  # two at a time, in
     "completes": completes,  # first: the time-limit test compares against its losses
     "time_limit": time_limit,  # the longest (a 3-minute slice, then the rerun)
     "crash_loop": crash_loop,
+    "hang": hang,
     "node_crash": node_crash,
     "preemption": preemption,
     "preempted_at_start": preempted_at_start,
@@ -301,6 +338,7 @@ NEEDS = {  # test -> the scenarios it reads; only those of the selected tests ru
     "test_preemption_sigterm_checkpoint_within_grace_then_resume": ["preemption", "completes"],
     "test_preemption_before_the_first_step_requeues_and_completes": ["preempted_at_start", "completes"],
     "test_deterministic_crash_loop_is_stopped_by_the_zero_progress_guard": ["crash_loop"],
+    "test_sigstopped_rank_is_a_hang_detected_named_and_requeued": ["hang", "completes"],
     "test_sweep_skips_invalid_layout_submits_the_rest_and_detaches": ["sweep"],
     "test_scancel_cancels_without_requeue_after_a_stop_checkpoint": ["user_cancel"],
     "test_drain_command_ends_without_requeue_and_the_run_continues": ["drain", "completes"],
@@ -480,6 +518,26 @@ def test_deterministic_crash_loop_is_stopped_by_the_zero_progress_guard(scenario
     assert stops[-1]["code"] == 3 and stops[-1]["restart_count"] == 2
     assert run.step_reached() == 2  # step 3 never completed; no checkpoint was ever written
     assert not run.of("checkpoint_saved")
+
+
+def test_sigstopped_rank_is_a_hang_detected_named_and_requeued(scenarios: Dict[str, Future]) -> None:
+    run, ref = result(scenarios, "hang"), result(scenarios, "completes")
+    # Slurm: the hung attempt ended (the watchers killed their ranks), the batch script requeued it
+    assert states(run) == ["REQUEUED", "COMPLETED"], run.logs()
+    hangs = run.of("hang")
+    assert len(hangs) == 1 and [s["rank"] for s in hangs[0]["suspects"]] == [1], run.logs()
+    assert hangs[0]["suspects"][0]["host"].startswith("stn") and len(hangs[0]["victims"]) == 3
+    d = run.dir / "hangs" / f"{run.job_id}_0"
+    for r in range(4):
+        assert "File " in (d / f"rank{r}.stacks.txt").read_text()
+    summary = json.loads((d / "summary.json").read_text())
+    latency = summary["ended"] - run.seen["stopped_at"]
+    print(f"\nSlurm: SIGSTOP -> attempt ended in {latency:.1f} s (step deadline {summary['missed']['seconds']:.1f} s)")
+    assert latency <= summary["missed"]["seconds"] + 15
+    assert [e.get("method") for e in run.of("requeue")] == ["scontrol_after_crash"], run.logs()
+    newest = max(e["step"] for e in run.of("checkpoint_saved") if e["restart_count"] == 0)
+    assert [(e["restart_count"], e["step"]) for e in run.of("resume")] == [(1, newest)]
+    assert run.step_reached() == ITERS and run.losses() == ref.losses()
 
 
 def test_sweep_skips_invalid_layout_submits_the_rest_and_detaches(scenarios: Dict[str, Future]) -> None:

@@ -144,12 +144,14 @@ class Checkpointer:
         ctx = self.ctx
         if not resume.path:
             return TrainState()
+        ctx.beat("load", resume.step or 0)
         ctx.log(f"loading checkpoint from {resume.path} at iteration {resume.step}")
         chunks, optimizer, scheduler = self.parts
         loaded = megatron_ckpt.load(resume.path, chunks, optimizer, scheduler,
                                     distributed_optimizer=self._distributed_optimizer)
         ts = loaded.training_state
-        state = TrainState(step=int(ts["step"]), consumed_samples=int(ts["consumed_samples"]))
+        state = TrainState(step=int(ts["step"]), consumed_samples=int(ts["consumed_samples"]),
+                           skips=[list(x) for x in ts.get("data_skips") or []])
         ctx.log(f"  successfully loaded checkpoint from {resume.path} at iteration {state.step} "
                 f"({loaded.seconds:.2f} s)")
         ctx.emit("resume", step=state.step, checkpoint=str(resume.path), consumed_samples=state.consumed_samples,
@@ -161,6 +163,34 @@ class Checkpointer:
             files = manifest_of(resume.path, storage=ctx.storage).get("files") or {}
             self.last_bytes = sum(int(f.get("size") or 0) for f in files.values()) or None
         return state
+
+    def rollback(self, state: Any, bad_from: int) -> Optional[Any]:
+        """``training.on_nan=rollback``: reload the newest verified checkpoint in place and skip
+        ``training.nan_skip_batches`` global batches from data position ``bad_from``; None if there is none."""
+        from recovery.resume import find_latest_verified
+        from train import megatron_ckpt
+        from train.train_loop import TrainState
+
+        ctx, t = self.ctx, self.ctx.job.training
+        res = find_latest_verified(ctx.paths.checkpoints, storage=ctx.storage) if ctx.is_first else None
+        path = broadcast(res.path if res is not None else None)
+        if not path:
+            return None
+        ctx.beat("load", state.step)
+        chunks, optimizer, scheduler = self.parts
+        ts = megatron_ckpt.load(path, chunks, optimizer, scheduler,
+                                distributed_optimizer=self._distributed_optimizer).training_state
+        skips = [list(x) for x in ts.get("data_skips") or []]
+        for x in list(state.skips) + [[bad_from, t.nan_skip_batches * t.global_batch_size]]:
+            if list(x) not in skips and x[1] > 0:
+                skips.append(list(x))
+        back = TrainState(step=int(ts["step"]), consumed_samples=int(ts["consumed_samples"]), skips=skips)
+        ctx.log(f"WARNING: rolled back to the verified checkpoint {path} (iteration {back.step}); "
+                f"{t.nan_skip_batches} batch(es) from sample {bad_from} will be skipped")
+        ctx.emit("nan_rollback", step=state.step + 1, to_step=back.step, checkpoint=str(path),
+                 skip_first_sample=bad_from, skip_batches=t.nan_skip_batches)
+        ctx.beat("train", back.step)
+        return back
 
     # ---- save -----------------------------------------------------------------------------
 
@@ -207,6 +237,7 @@ class Checkpointer:
 
         ctx, step = self.ctx, state.step
         t0 = ctx.clock()
+        ctx.beat("save", step)
         final = ctx.paths.checkpoint(step)
         ctx.log(f"saving checkpoint at iteration {step:7d} to {final}")
         stop = None
@@ -223,6 +254,8 @@ class Checkpointer:
             self._agree(self._failed(e, step) if ctx.is_first else None, e)
             raise
         dist.barrier()
+        if ctx.hooks.hangs_in("save", ctx.rank, ctx.restart, step):
+            ctx.sleep(ctx.hooks.hang_s)
         if ctx.is_first:
             if ctx.hooks.save_sleep_s > 0:
                 ctx.sleep(ctx.hooks.save_sleep_s)
@@ -238,6 +271,7 @@ class Checkpointer:
         self._agree(stop)
         self.saved_steps.add(step)
         seconds = ctx.clock() - t0
+        ctx.beat("saved", step, seconds)
         ctx.log(f"  successfully saved checkpoint at iteration {step:7d} to {final} ({seconds:.2f} s)")
         return seconds
 
@@ -308,7 +342,7 @@ class Checkpointer:
         return {
             "step": state.step, "consumed_samples": state.consumed_samples, "layout": self.ctx.layout,
             "distributed_optimizer": self._distributed_optimizer, "restart_count": self.ctx.restart,
-            "model": model_shape(job), "seed": job.training.seed,
+            "model": model_shape(job), "seed": job.training.seed, "data_skips": [list(x) for x in state.skips],
         }
 
     # ---- interval and lead time -------------------------------------------------------------

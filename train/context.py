@@ -20,12 +20,16 @@ from launch.paths import RunPaths
 from recovery.events import EventLog
 from recovery.signals import StopFlag
 from recovery.storage import LocalStorage
+from recovery.watchdog import Heartbeat
 
 # The test hooks, read only from the environment (never set them in production).
 STEP_SLEEP_ENV = "SLURMTRON_TEST_STEP_SLEEP_S"
 SAVE_SLEEP_ENV = "SLURMTRON_TEST_SAVE_SLEEP_S"
 PARAM_DIGEST_ENV = "SLURMTRON_TEST_PARAM_DIGEST"
 FAIL_AT_ITER_ENV = "SLURMTRON_TEST_FAIL_AT_ITER"
+HANG_AT_ITER_ENV = "SLURMTRON_TEST_HANG_AT_ITER"  # with _HANG_RANK (0), _HANG_IN (data|save), _HANG_S (3600)
+NAN_AT_ITER_ENV = "SLURMTRON_TEST_NAN_AT_ITER"
+SLOW_RANK_ENV = "SLURMTRON_TEST_SLOW_RANK"  # R:S
 
 
 @dataclass(frozen=True)
@@ -36,16 +40,70 @@ class Hooks:
     save_sleep_s: float = 0.0
     param_digest: bool = False
     fail_at_iter: Optional[int] = None
+    hang_at_iter: int = 0
+    hang_rank: int = 0
+    hang_in: str = "data"
+    hang_s: float = 3600.0
+    nan_at_iter: int = 0
+    slow_rank: int = -1
+    slow_s: float = 0.0
 
     @staticmethod
     def from_env(env: Mapping[str, str]) -> "Hooks":
         fail = (env.get(FAIL_AT_ITER_ENV) or "").strip()
+        slow = (env.get(SLOW_RANK_ENV) or "").split(":")
         return Hooks(
             step_sleep_s=float(env.get(STEP_SLEEP_ENV) or 0.0),
             save_sleep_s=float(env.get(SAVE_SLEEP_ENV) or 0.0),
             param_digest=bool(env.get(PARAM_DIGEST_ENV)),
             fail_at_iter=int(fail) if fail else None,
+            hang_at_iter=int(env.get(HANG_AT_ITER_ENV) or 0),
+            hang_rank=int(env.get("SLURMTRON_TEST_HANG_RANK") or 0),
+            hang_in=env.get("SLURMTRON_TEST_HANG_IN") or "data",
+            hang_s=float(env.get("SLURMTRON_TEST_HANG_S") or 3600.0),
+            nan_at_iter=int(env.get(NAN_AT_ITER_ENV) or 0),
+            slow_rank=int(slow[0]) if len(slow) == 2 else -1,
+            slow_s=float(slow[1]) if len(slow) == 2 else 0.0,
         )
+
+    def hangs_in(self, where: str, rank: int, restart: int, step: int) -> bool:
+        """``SLURMTRON_TEST_HANG_*``: does this rank hang here (first attempt only)?"""
+        return (self.hang_at_iter > 0 and where == self.hang_in and rank == self.hang_rank and restart == 0
+                and step == self.hang_at_iter)
+
+    @property
+    def touch_data(self) -> bool:
+        return bool(self.hang_at_iter or self.nan_at_iter or self.slow_s)
+
+
+class HookedSource:
+    """The sample source with the data-path test hooks applied (hang, NaN batch, slow rank).
+
+    A hang sleeps while reading this rank's first sample of the iteration (outside any
+    collective); a NaN poisons the loss mask of every sample of that iteration's global batch
+    (tied to the data position, so a rollback that skips the batch gets past it); a slow rank
+    burns ``S`` CPU seconds per step spread over its samples (a slower device).
+    """
+
+    def __init__(self, source: Any, hooks: Hooks, rank: int, restart: int, gbs: int, per_rank: int) -> None:
+        self.source, self.hooks, self.rank, self.restart = source, hooks, rank, restart
+        self.gbs, self.per_rank = gbs, max(1, per_rank)
+        self.hung = False
+
+    def __getitem__(self, idx: int) -> Any:
+        h = self.hooks
+        step = idx // self.gbs + 1  # the iteration that reads this sample in an uninterrupted run
+        if not self.hung and h.hangs_in("data", self.rank, self.restart, step):
+            self.hung = True
+            time.sleep(h.hang_s)
+        if h.slow_s > 0 and self.rank == h.slow_rank:
+            end = time.thread_time() + h.slow_s / self.per_rank
+            while time.thread_time() < end:
+                pass
+        sample = self.source[idx]
+        if h.nan_at_iter and step == h.nan_at_iter:
+            sample = dict(sample, loss_mask=sample["loss_mask"] * float("nan"))
+        return sample
 
 
 def layout_of(job: Any) -> dict:
@@ -94,6 +152,11 @@ class RankContext:
     cuda: bool = False  # set by init_distributed
     device: Any = None  # torch.device, set by init_distributed
     tracker: Any = None  # train.tracking.Tracker on the tracking rank (TensorBoard/W&B), else None
+    heartbeat: Heartbeat = field(default_factory=Heartbeat.disabled)  # to this rank's hang watcher
+
+    def beat(self, phase: str, step: int = 0, seconds: float = 0.0) -> None:
+        """A heartbeat for the hang watchdog (:mod:`recovery.watchdog`): a step boundary or a phase change."""
+        self.heartbeat.beat(phase, step, seconds)
 
     @property
     def rank(self) -> int:

@@ -161,7 +161,7 @@ def train_steps(job: Any, chunks: list, optimizer: Any, scheduler: Any, source: 
     out = {"loss": [], "grad_norm": [], "step_s": 0.0, "wait_s": 0.0}
     for i in range(steps):
         w0, t0 = source.waited, clock()
-        loss, grad_norm, _skipped = train_loop.train_step(job, chunks, optimizer, scheduler, source, state, nmb,
+        loss, grad_norm, _skipped, _guard = train_loop.train_step(job, chunks, optimizer, scheduler, source, state, nmb,
                                                           device)
         dt = clock() - t0
         state.step += 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime
 import math
 import random
+import time
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Dict, List, NamedTuple, Optional
@@ -30,6 +31,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from launch.config import Job, TrainingConfig
+from train import nan_guard
 from train.data import SampleSource, step_batches
 from train.megatron_model import params_dtype
 
@@ -51,7 +53,12 @@ class TrainState:
     """The position in the run; checkpointed, so a resume neither repeats nor skips."""
 
     step: int = 0  # optimizer steps done
-    consumed_samples: int = 0  # global samples consumed (= step * gbs with a fixed batch size)
+    consumed_samples: int = 0  # data position: global samples consumed or skipped
+    skips: List[List[int]] = field(default_factory=list)  # [first sample, count]: batches skipped after a NaN
+
+    def skip_here(self) -> int:
+        """Samples to skip at the current data position (a NaN rollback's skipped batches), 0 if none."""
+        return sum(n for start, n in self.skips if start == self.consumed_samples)
 
 
 @dataclass
@@ -232,8 +239,12 @@ def train_step(
     state: TrainState,
     nmb: int,
     device: torch.device,
-) -> tuple[float, float, bool]:
-    """One optimizer step over the global batch; returns (loss, grad norm, update skipped)."""
+) -> tuple[float, float, bool, "nan_guard.StepOutcome"]:
+    """One optimizer step over the global batch; returns (loss, grad norm, update skipped, the guard's outcome).
+
+    The loss is reduced *before* the update so that the NaN guard (:mod:`train.nan_guard`) can
+    keep a non-finite loss or grad norm from ever being applied.
+    """
     t = job.training
     seed_step(t.seed, state.step)
     batches = step_batches(
@@ -254,11 +265,11 @@ def train_step(
         decoder_seq_length=job.model.seq_length,
         forward_only=False,
     )
-    ok, grad_norm, _zeros = optimizer.step()
-    if ok:
+    loss = float(_reduce_loss(losses, device).item())
+    out = nan_guard.guarded_step(optimizer, loss, device)
+    if out.applied:
         scheduler.step(increment=t.global_batch_size)
-    loss = _reduce_loss(losses, device)
-    return float(loss.item()), float(grad_norm if grad_norm is not None else 0.0), not ok
+    return loss, out.grad_norm, out.overflow, out
 
 
 def evaluate(job: Job, chunks: List[Any], source: SampleSource, nmb: int, device: torch.device) -> float:
@@ -393,24 +404,39 @@ def throughput_model(ctx: Any) -> tuple[Optional[float], Optional[float]]:
 @dataclass
 class LoopResult:
     state: TrainState
-    reason: str  # completed | signal (a stop signal or a drain request)
+    reason: str  # completed | signal (a stop signal or a drain request) | nan
     signum: int = 0
     requested: bool = False  # a drain request (the stop file) was agreed
+    detail: str = ""
+    live_s: float = 0.0  # seconds spent in the live checks (heartbeats, straggler all-gathers)
+    median_step_s: float = 0.0
+    steps_run: int = 0  # steps this attempt trained (replayed ones included)
 
 
 def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, state: TrainState,
-             iters: int, valid: Optional[SampleSource] = None, judge: Any = None) -> LoopResult:
+             iters: int, valid: Optional[SampleSource] = None, judge: Any = None, live: Any = None,
+             nan_hooks: Any = None) -> LoopResult:
     """Train from ``state`` to ``iters``; at every step boundary all ranks agree on a stop first.
 
     ``ctx`` is the rank's :class:`train.context.RankContext`, ``ckpt`` its
-    :class:`train.checkpointer.Checkpointer` (periodic saves, ``auto`` interval, lead-time check).
-    ``valid``: the validation split, evaluated every ``training.eval_interval`` steps and at the end.
-    ``judge`` (rank 0 only, :class:`recovery.stop.Judge`) polls the drain request file and, on a stop,
-    asks Slurm who stopped the job while the ranks save.
+    :class:`train.checkpointer.Checkpointer` (periodic saves, ``auto`` interval, lead-time check,
+    NaN rollback). ``valid``: the validation split, evaluated every ``training.eval_interval``
+    steps and at the end. ``judge`` (rank 0 only, :class:`recovery.stop.Judge`) polls the drain
+    request file and, on a stop, asks Slurm who stopped the job while the ranks save. After each
+    step the rank sends its watcher a heartbeat and feeds ``live`` (:class:`train.stragglers.LiveChecks`);
+    a step whose loss or grad norm is non-finite is not applied (:mod:`train.nan_guard`) and ends
+    the loop (``training.on_nan=stop``) or rolls back.
     """
     t = ctx.job.training
+    gbs = t.global_batch_size
     nmb = num_microbatches(ctx.job)
     meter = Meter(ctx, parts.optimizer, iters)
+    rollbacks, live_s, step_times = 0, 0.0, []
+
+    def result(reason: str, signum: int = 0, detail: str = "", requested: bool = False) -> LoopResult:
+        med = float(np.median(step_times)) if step_times else 0.0
+        return LoopResult(state, reason, signum, requested, detail, live_s, med, len(step_times))
+
     while state.step < iters:
         signum, requested = agree_stop(ctx.flag.signum, ctx.device, judge is not None and judge.requested(state.step))
         if signum or requested:
@@ -419,20 +445,48 @@ def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, st
             if judge is not None:
                 judge.begin(signum, requested)
             ckpt.save(state, "signal")
-            return LoopResult(state, "signal", signum, requested)
+            return result("signal", signum, requested=requested)
         inject_failure(ctx.hooks.fail_at_iter, state.step + 1)
-        t0 = ctx.clock()
-        loss, grad_norm, skipped = train_step(ctx.job, *parts, source, state, nmb, ctx.device)
+        if nan_hooks is not None:
+            nan_hooks.reset()
+        t0, c0 = ctx.clock(), time.thread_time()
+        loss, grad_norm, skipped, guard = train_step(ctx.job, *parts, source, state, nmb, ctx.device)
         if ctx.hooks.step_sleep_s > 0:
             ctx.sleep(ctx.hooks.step_sleep_s)
-        elapsed = ctx.clock() - t0
+        elapsed, compute = ctx.clock() - t0, time.thread_time() - c0
+        if guard.nonfinite:
+            meter.counters.nan += 1
+            where = nan_hooks.first if nan_hooks is not None else None
+            detail = (f"non-finite {'lm loss' if not math.isfinite(loss) else 'grad norm'} at iteration "
+                      f"{state.step + 1} (lm loss {loss!r}, grad norm {grad_norm!r}); the update was not applied"
+                      + (f"; first non-finite value: {where}" if where else ""))
+            ctx.log(f"WARNING: {detail}")
+            ctx.emit("nan", step=state.step + 1, loss=repr(loss), grad_norm=repr(grad_norm),
+                     first_sample=state.consumed_samples, policy=t.on_nan, where=where)
+            if t.on_nan != "rollback":
+                return result("nan", detail=detail + " (training.on_nan=stop)")
+            if rollbacks >= t.max_nan_rollbacks:
+                return result("nan", detail=detail + f"; {rollbacks} rollback(s) already done "
+                                                     f"(training.max_nan_rollbacks={t.max_nan_rollbacks})")
+            back = ckpt.rollback(state, state.consumed_samples)
+            if back is None:
+                return result("nan", detail=detail + "; no verified checkpoint to roll back to")
+            rollbacks += 1
+            state = back
+            continue
         state.step += 1
-        state.consumed_samples += t.global_batch_size
+        state.consumed_samples += gbs
+        step_times.append(elapsed)
+        t1 = ctx.clock()
+        ctx.beat("step", state.step, elapsed)
+        if live is not None:
+            live.on_step(state.step, compute, elapsed)
+        live_s += ctx.clock() - t1
         meter.step_done(state, loss, grad_norm, skipped, elapsed)
         if valid is not None and (state.step % t.eval_interval == 0 or state.step == iters):
             validate(ctx, parts, valid, nmb, state.step)
         ckpt.after_step(state, elapsed, iters)
-    return LoopResult(state, "completed", 0)
+    return result("completed")
 
 
 def validate(ctx: Any, parts: TrainingParts, valid: SampleSource, nmb: int, step: int) -> float:

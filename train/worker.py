@@ -10,7 +10,8 @@ builds the model, resumes and trains (:mod:`train.train_loop`, with a
 boundary all ranks agree, save, commit, and exit 42 after rank 0 asked for a requeue.
 
 Exit codes (:mod:`recovery.policy`): 0 completed, 42 checkpointed on a stop signal and
-requeue requested, 3 zero-progress guard, 4 max restarts, 1 crash (or a refused checkpoint).
+requeue requested, 3 zero-progress guard, 4 max restarts, 1 crash (or a refused checkpoint),
+11 stopped on a NaN. A hang is ended by the rank's watcher (:mod:`recovery.watchdog`): SIGKILL.
 
 Test hooks, environment switches read by :class:`train.context.Hooks` (never set them in production):
 
@@ -27,6 +28,15 @@ Test hooks, environment switches read by :class:`train.context.Hooks` (never set
 ``SLURMTRON_TEST_FAIL_AT_ITER``
     raise at this iteration on every rank (a deterministic crash).
 
+``SLURMTRON_TEST_HANG_AT_ITER`` (with ``SLURMTRON_TEST_HANG_RANK``, default 0, ``SLURMTRON_TEST_HANG_IN``, ``_HANG_S``)
+    in the first attempt only, that rank hangs (sleeps ``_HANG_S``, default 3600 s) in iteration N:
+    ``data`` (default) while reading its first sample of the step, outside any collective;
+    ``save`` inside the save of step N, after the shards, before the commit;
+``SLURMTRON_TEST_NAN_AT_ITER``
+    the global batch iteration N reads in an uninterrupted run gets a NaN loss mask;
+``SLURMTRON_TEST_SLOW_RANK`` = ``R:S``
+    rank R spends S more CPU seconds per step reading its samples (a slower device).
+
 Everything runs under ``if __name__ == "__main__":``: dist_checkpointing's writer starts a
 helper process that re-imports the main module.
 """
@@ -35,12 +45,13 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
-from train.context import Hooks, RankContext, broadcast
+from launch.dist_env import PG_TIMEOUT_S
+from train.context import Hooks, HookedSource, RankContext, broadcast
 
 EXIT_CRASH = 1
-DIST_TIMEOUT_S = 30 * 60
+DIST_TIMEOUT_S = PG_TIMEOUT_S  # the job check compares the hang deadlines with it (launch/check_watch.py)
 
 
 def param_digest(chunks: list) -> str:
@@ -83,15 +94,39 @@ def main(argv: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = No
                       enabled=denv.rank == 0)
     ctx = RankContext(job=job, paths=paths, dist=denv, env=env, restart=restart, flag=flag, events=events,
                       hooks=Hooks.from_env(env))
+    ctx.heartbeat = _start_watchdog(ctx)
     try:
         return _run_reporting(ctx)
     finally:
+        ctx.heartbeat.close()
         if ctx.run_lock is not None:  # the attempt is over: the next writer may come
             ctx.run_lock.release()
         # The outcome is decided and durable: a late warning or SIGTERM has nothing left to stop,
         # and during interpreter shutdown Python restores the default action (terminate), which
         # would turn a completed rank into a FAILED job step.
         ignore_stop_signals()
+
+
+def _start_watchdog(ctx: RankContext) -> Any:
+    """This rank's hang watcher (:mod:`recovery.watchdog`), unless ``training.hang_watchdog=false``."""
+    from recovery.hang_report import Limits
+    from recovery.watchdog import Heartbeat
+
+    if not ctx.job.training.hang_watchdog:
+        return Heartbeat.disabled()
+    try:
+        hb = Heartbeat.start(ctx.paths.run_dir, ctx.paths.hangs, Limits.of(ctx.job.training), rank=ctx.rank,
+                             world=ctx.world, job_id=ctx.job_id, restart=ctx.restart, host=_host(ctx))
+    except OSError as e:
+        print(f"WARNING: hang watchdog not started ({e}); this rank runs unwatched", flush=True)
+        ctx.emit("watchdog_unavailable", detail=str(e))
+        return Heartbeat.disabled()
+    hb.beat("startup")
+    return hb
+
+
+def _host(ctx: RankContext) -> str:
+    return ctx.env.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def _run_reporting(ctx: RankContext) -> int:
@@ -122,7 +157,10 @@ def _run(ctx: RankContext) -> int:
 
     with distributed(ctx.job, ctx.dist, timeout_s=DIST_TIMEOUT_S, checkpoint_helpers=True) as dev:
         ctx.cuda, ctx.device = dev.cuda, dev.device
-        return _train(ctx)
+        try:
+            return _train(ctx)
+        finally:
+            ctx.beat("done")
 
 
 def _train(ctx: RankContext) -> int:
@@ -156,9 +194,22 @@ def _train(ctx: RankContext) -> int:
     if t.eval_interval > 0:
         valid = build_validation_source(job.data, job.model, iters * t.global_batch_size,
                                         t.eval_iters * t.global_batch_size, ctx.paths.data_cache)
+    if ctx.hooks.touch_data:
+        source = HookedSource(source, ctx.hooks, ctx.rank, ctx.restart, t.global_batch_size,
+                              t.global_batch_size // job.dp)
+    live = _live_checks(ctx)
+    nan_hooks = None
+    if t.nan_hooks:
+        from train.nan_guard import NanHooks
+
+        nan_hooks = NanHooks(parts.chunks, lambda where: print(
+            f"WARNING: rank {ctx.rank}: first non-finite value in the {where}", flush=True))
+    ctx.beat("train", state.step)
     judge = _judge(ctx) if ctx.is_first else None
     try:
-        result = train_loop.run_loop(ctx, parts, ckpt, source, state, iters, valid, judge)
+        result = train_loop.run_loop(ctx, parts, ckpt, source, state, iters, valid, judge, live=live,
+                                     nan_hooks=nan_hooks)
+        _live_summary(ctx, result, live)
         return _finish(ctx, ckpt, parts, result, judge)
     finally:  # also after a crash: what was written is flushed
         if ctx.tracker is not None:
@@ -174,12 +225,52 @@ def _finish(ctx: RankContext, ckpt, parts, result, judge=None) -> int:
     if ctx.hooks.param_digest:
         print(f"parameter digest rank {ctx.rank}: {param_digest(parts.chunks)}", flush=True)
 
+    if result.reason == "nan":
+        from recovery.policy import EXIT_NAN
+
+        ctx.emit("stop", reason="nan", code=EXIT_NAN, detail=result.detail)
+        ctx.emit("exit", reason="nan", code=EXIT_NAN, step=result.state.step)
+        ctx.log(f"stopping: {result.detail}; nothing non-finite was applied or saved; not requeued")
+        return EXIT_NAN
+
     if result.reason == "signal":
         return _after_stop(ctx, result, judge)
     ckpt.save_final(result.state)
     ctx.emit("train_end", step=result.state.step, consumed_samples=result.state.consumed_samples)
     ctx.emit("exit", reason="completed", code=EXIT_COMPLETED, step=result.state.step)
     return EXIT_COMPLETED
+
+
+def _live_checks(ctx: RankContext) -> Any:
+    """The straggler and throughput checks (:mod:`train.stragglers`); collective: every rank builds one."""
+    import torch
+    import torch.distributed as dist
+
+    from train.stragglers import LiveChecks
+
+    hosts = [None] * ctx.world
+    dist.all_gather_object(hosts, _host(ctx))
+
+    def gather(row: list) -> list:
+        mine = torch.tensor(row, dtype=torch.float64, device=ctx.device)
+        out = [torch.zeros_like(mine) for _ in range(ctx.world)]
+        dist.all_gather(out, mine)
+        return [x.tolist() for x in out]
+
+    return LiveChecks(ctx.job.training, ctx.rank, ctx.world, hosts, gather, ctx.emit, ctx.log)
+
+
+def _live_summary(ctx: RankContext, result: Any, live: Any) -> None:
+    """End of the attempt: what the live checks cost (timed, against the median step) and the repeated stragglers."""
+    live_s = result.live_s + ctx.heartbeat.seconds
+    overhead = live_s / max(1, result.steps_run) / result.median_step_s if result.median_step_s else 0.0
+    repeated = live.summary()
+    ctx.log(f"live checks: {live_s * 1000:.1f} ms on rank {ctx.rank} over {result.steps_run} step(s) (watchdog "
+            f"heartbeats, straggler all-gathers), {overhead * 100:.2f}% of the median step "
+            f"{result.median_step_s * 1000:.1f} ms" + ("; repeated stragglers: " + ", ".join(
+                f"rank {x['rank']} on {x['host']} ({x['intervals']} intervals)" for x in repeated) if repeated else ""))
+    ctx.emit("live_checks", seconds=live_s, steps=result.steps_run, median_step_s=result.median_step_s,
+             overhead=overhead, repeated_stragglers=repeated)
 
 
 def _refuse_start(ctx: RankContext, start) -> int:
