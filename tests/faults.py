@@ -226,7 +226,7 @@ def _fire(fault: Fault, att: Attempt, ranks: Ranks, iterations: int, ckpt_root: 
         detail = f"after {iterations} step(s)"
     elif fault.kind == "stop_rank":
         try:
-            os.kill(procs[fault.rank].pid, signal.SIGSTOP)
+            os.kill(ranks.procs[fault.rank].pid, signal.SIGSTOP)  # the rank only: its watcher keeps running
         except ProcessLookupError:
             pass
         detail = f"after {iterations} step(s)"
