@@ -328,13 +328,15 @@ class Checkpointer:
             ctx.log(f"WARNING: old checkpoints not pruned: {result.prune_error}")
 
     def _planned_bytes(self) -> Optional[float]:
-        """The planner's checkpoint size (before the first save measures one); None if it cannot say."""
-        try:
-            from launch.planner.estimate import checkpoint_bytes
-
-            return float(checkpoint_bytes(self.ctx.job))
-        except Exception:  # an estimate only; the save itself is the real test
-            return None
+        """The size to expect before the first save measures one: this rank's parameters times the ranks that
+        hold distinct shards (world / dp), at weights + fp32 main weights + two Adam moments per parameter (the
+        planner's accounting in ``launch.planner.estimate.checkpoint_bytes``, which the ranks do not import)."""
+        job = self.ctx.job
+        chunks = self.parts[0]
+        local = sum(p.numel() for chunk in chunks for p in chunk.parameters())
+        shards = max(1, job.world_size // max(1, job.dp))
+        per_param = 12 if job.training.precision == "fp32" else 14
+        return float(local * shards * per_param)
 
     def _meta(self, state: Any) -> dict:
         """The manifest's summary: enough for a resume to refuse an incompatible checkpoint unopened."""
