@@ -19,12 +19,7 @@ PRODUCT = ("launch", "train", "recovery", "analysis")
 CONTRACT = ("launch.config", "launch.compose", "launch.paths", "launch.vocab", "launch.dist_env",
             "launch.tokenizer", "launch.problems", "launch.preflight_checks")
 TEST_MODULES = ("tests", "conftest", "faults", "fake_slurm", "slurm_cluster", "trainutil")
-# Known exceptions, each with its reason; a new one must be added here on purpose.
-EXCEPTIONS = {
-    # the rank's free-space check before its first save asks the planner's checkpoint size (torch-free); it
-    # belongs in the contract (a Job property) once the planner's size model moves there
-    "train.checkpointer imports launch.planner.estimate.checkpoint_bytes",
-}
+EXCEPTIONS: set = set()  # known exceptions, each with its reason; a new one must be added here on purpose
 
 
 def module_name(path: Path) -> str:
