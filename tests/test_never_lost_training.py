@@ -218,7 +218,7 @@ def test_kill_9_during_a_save_on_a_nearly_full_disk(base_run, tmp_path, small_di
     while time.time() < deadline and not (final_path(ck, 2).is_dir() and (ck / "iter_0000004.tmp").is_dir()
                                           and any((ck / "iter_0000004.tmp").glob("*.distcp"))):
         time.sleep(0.5)
-    for p in procs:
+    for p in procs.procs:
         os.killpg(p.pid, signal.SIGKILL)
     wait_ranks(procs, 60)
     assert (ck / "iter_0000004.tmp").is_dir() and (d / "run.lock").exists()  # torn save, stale lock

@@ -231,6 +231,7 @@ class Checkpointer:
     def _save(self, state: Any, reason: str) -> float:
         """Stage (rank 0), write shards (all), commit (rank 0), with a barrier between each."""
         import torch.distributed as dist
+        from torch.distributed.checkpoint.api import CheckpointException  # derives from BaseException, not Exception
 
         from recovery import commit
         from train import megatron_ckpt
@@ -250,7 +251,7 @@ class Checkpointer:
                                          distributed_optimizer=self._distributed_optimizer, is_loading=False)
         try:
             megatron_ckpt.save_shards(ctx.paths.staging(step), sd, distributed_optimizer=self._distributed_optimizer)
-        except Exception as e:  # a write failure reaches every rank (dist_checkpointing gathers it)
+        except (Exception, CheckpointException) as e:  # a write failure reaches every rank (gathered by Megatron)
             self._agree(self._failed(e, step) if ctx.is_first else None, e)
             raise
         dist.barrier()
