@@ -63,7 +63,9 @@ PROFILES = {
 COMMON = ["cluster=local", "cluster.gpus_per_node=1", "parallelism=tp1", "data=mock", "training.train_tokens=null",
           "training.log_interval=1", "training.lr_warmup_iters=2", "training.keep_checkpoints=3",
           "training.signal_lead_time_s=3600", "training.zero_progress_restarts=0"]
-LINE = re.compile(r"iteration\s+(\d+)/.*?TFLOP/s/GPU\): ([\d.]+) \|(?: MFU: ([\d.]+)% \|)?")
+LINE = re.compile(r"\] iteration\s+(\d+)/[^\n]*")
+TFLOPS = re.compile(r"TFLOP/s/GPU\): ([\d.]+) \|")  # absent on CPU (no peak, no throughput field)
+MFU = re.compile(r"MFU: ([\d.]+)% \|")
 
 
 def say(msg: str) -> None:
@@ -88,9 +90,12 @@ def start_rank(run_dir: Path, attempt: int, log: Path, timeout_s: float) -> int:
 
 def throughput(log_text: str, first: int) -> dict:
     """Median TFLOP/s/GPU and MFU of the logged iterations >= ``first`` (warm-up excluded)."""
-    rows = [(int(m[1]), float(m[2]), float(m[3]) if m[3] else None) for m in LINE.finditer(log_text)]
+    rows = []
+    for m in LINE.finditer(log_text):
+        t, u = TFLOPS.search(m[0]), MFU.search(m[0])
+        rows.append((int(m[1]), float(t[1]) if t else None, float(u[1]) if u else None))
     rows = [r for r in rows if r[0] >= first]
-    tflops = [r[1] for r in rows]
+    tflops = [r[1] for r in rows if r[1] is not None]
     mfu = [r[2] for r in rows if r[2] is not None]
     return {"steps_measured": len(rows), "tflops_per_gpu_median": statistics.median(tflops) if tflops else None,
             "mfu_median": statistics.median(mfu) / 100 if mfu else None}
