@@ -181,3 +181,8 @@ def test_nan_with_rollback_skips_the_batch_and_completes(tmp_path):
     assert find_latest_verified(d / "checkpoints").step == ITERS
     assert all(math.isfinite(float(e["loss"])) for e in events if e["event"] == "iteration")
     assert "iter_0000008" in _committed_tensors_finite(d / "checkpoints", tmp_path)
+    lrs: dict = {}
+    for e in events:
+        if e["event"] == "iteration":
+            lrs.setdefault(e["step"], set()).add(e["lr"])
+    assert lrs[4] and len(lrs[4]) == 1, lrs  # the step redone after the rollback has the schedule's own lr

@@ -181,6 +181,9 @@ def load(
             m.load_state_dict(state[f"model{i}"])
     optimizer.load_state_dict(state["optimizer"])
     unshare_step(optimizer)
+    # Megatron's load_state_dict *adds* the saved step count (step(increment=num_steps)), as for a fresh
+    # scheduler; a scheduler that already stepped (a NaN rollback in the same process) would land past its target.
+    scheduler.num_steps = 0
     scheduler.load_state_dict(state["opt_param_scheduler"])
     return Loaded(training_state=dict(state.get("training_state") or common.get("training_state") or {}),
                   seconds=clock() - t0)

@@ -446,6 +446,14 @@ def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, st
                 judge.begin(signum, requested)
             ckpt.save(state, "signal")
             return result("signal", signum, requested=requested)
+        skip = state.skip_here()  # a NaN rollback's skipped batches start here
+        if skip:
+            ctx.log(f"skipping {skip // gbs} batch(es) (samples {state.consumed_samples}.."
+                    f"{state.consumed_samples + skip - 1}) after a non-finite step "
+                    f"(training.nan_skip_batches={t.nan_skip_batches})")
+            ctx.emit("batches_skipped", step=state.step, first_sample=state.consumed_samples, samples=skip,
+                     batches=skip // gbs)
+            state.consumed_samples += skip
         inject_failure(ctx.hooks.fail_at_iter, state.step + 1)
         if nan_hooks is not None:
             nan_hooks.reset()
