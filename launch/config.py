@@ -368,12 +368,16 @@ class Job:
 
 
 def register_configs(cs: Optional[ConfigStore] = None) -> ConfigStore:
-    """Register the schema; YAML files extend these via ``defaults: [base_<group>]``."""
+    """Register the schema; YAML files extend these via ``defaults: [/schema_<group>]``.
+
+    The group schemas are stored outside their groups (``schema_model``, not ``model/base_model``) so that
+    ``--help`` lists only the options a user can pick; a schema alone has no values and would not validate.
+    """
     cs = cs or ConfigStore.instance()
     cs.store(name="base_job", node=Job)
-    cs.store(group="model", name="base_model", node=ModelConfig)
-    cs.store(group="parallelism", name="base_parallelism", node=ParallelismConfig)
-    cs.store(group="cluster", name="base_cluster", node=ClusterConfig)
-    cs.store(group="training", name="base_training", node=TrainingConfig)
-    cs.store(group="data", name="base_data", node=DataConfig)
+    cs.store(name="schema_model", node=ModelConfig)
+    cs.store(name="schema_parallelism", node=ParallelismConfig)
+    cs.store(name="schema_cluster", node=ClusterConfig)
+    cs.store(name="schema_training", node=TrainingConfig)
+    cs.store(name="schema_data", node=DataConfig)
     return cs
