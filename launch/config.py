@@ -176,6 +176,7 @@ class ClusterConfig:
     step_jitter: float = 0.01  # planner: relative spread of one GPU's step time (stragglers at scale)
     node_mtbf_hours: float = 50000.0  # mean time between failures of one node (Young/Daly, simulation)
     requeue_allowed: bool = True  # site permits `scontrol requeue` / --requeue
+    gpu_hour_price: Optional[float] = None  # price of one GPU-hour (site's currency); None = no cost line
     run_root: str = "runs"  # where runs/<name>/ live (shared filesystem on a real cluster)
     data_root: str = ""  # dataset prefix root
     checkpoint_root: str = ""  # '' = <run_dir>/checkpoints

@@ -59,6 +59,14 @@ class RunState:
     mfu_note: str = ""  # why MFU is empty
     tokens_per_s: Optional[float] = None
     loss: Optional[float] = None
+    val_step: Optional[int] = None  # the newest validation (training.eval_interval)
+    val_loss: Optional[float] = None
+    val_ppl: Optional[float] = None
+    val_first: Optional[list] = None  # [step, loss] of the first validation, to show the trend
+    gpu_hours: Optional[float] = None  # used so far (process-hours on cluster.gpu=cpu)
+    gpu_hours_source: str = ""  # sacct (allocations, as billed) | events (worker time, excluding start-up)
+    gpu_hour_price: Optional[float] = None  # cluster.gpu_hour_price
+    cost: Optional[float] = None  # gpu_hours x gpu_hour_price
     log_file: Optional[str] = None
     log_tail: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
@@ -188,15 +196,24 @@ def _checkpoint(state: RunState, paths: RunPaths, now: float) -> None:
 
 
 def _analysis(state: RunState, run_dir: Path, sacct_text: Optional[str], window: int = 10) -> None:
-    """Interruptions by cause, goodput, recent step time, MFU and tokens/s (``analysis/``)."""
+    """Interruptions by cause, goodput, recent step time, MFU, tokens/s, validation loss and the GPU-hours
+    Slurm accounted so far (``analysis/``)."""
     from analysis.load import load_paths
     from analysis.mfu import shape_from_config
     from analysis.parse_slurm import parse_sacct_text
-    from analysis.report import analyze_run
+    from analysis.report import analyze_run, validation_table
 
     (run,) = load_paths([run_dir])
     if sacct_text and (run.sacct is None or run.sacct.empty):
         run.sacct = parse_sacct_text(sacct_text)[0]
+    val = validation_table(run)
+    if len(val):
+        first, last = val.iloc[0], val.iloc[-1]
+        state.val_step, state.val_loss = int(last["iteration"]), float(last["val_loss"])
+        state.val_ppl = None if last["val_ppl"] != last["val_ppl"] else float(last["val_ppl"])
+        if len(val) > 1:
+            state.val_first = [int(first["iteration"]), float(first["val_loss"])]
+    _sacct_gpu_hours(state, run.sacct)
     res = analyze_run(run, shape_from_config(run.config))
     intr = res["interruptions"]
     if len(intr):
@@ -214,6 +231,46 @@ def _analysis(state: RunState, run_dir: Path, sacct_text: Optional[str], window:
             value = recent[col].median() if col != "lm_loss" else recent[col].iloc[-1]
             if value == value:  # not NaN
                 setattr(state, attr, float(value))
+
+
+def _sacct_gpu_hours(state: RunState, sacct) -> None:
+    """GPU-hours of the run's allocations as Slurm accounts them (one row per attempt with ``sacct -D``;
+    a running attempt's Elapsed grows). Without a GPU count in AllocTRES every rank counts as one."""
+    from launch.cost import gpu_hours
+
+    if sacct is None or sacct.empty or "is_alloc" not in sacct or "elapsed_s" not in sacct:
+        return
+    alloc = sacct[sacct["is_alloc"].astype(bool)]
+    if "job" in alloc and state.job_ids:
+        alloc = alloc[alloc["job"].astype(str).isin([str(j) for j in state.job_ids])]
+    alloc = alloc[alloc["elapsed_s"].notna()]
+    if alloc.empty:
+        return
+    gpus = alloc["gpus"] if "gpus" in alloc else None
+    spans = [(g if g == g and g is not None else state.world_size, e)
+             for g, e in zip(gpus if gpus is not None else [None] * len(alloc), alloc["elapsed_s"])]
+    state.gpu_hours, state.gpu_hours_source = gpu_hours(spans), "sacct"
+
+
+def _event_gpu_hours(state: RunState, events: list[dict], now: float) -> None:
+    """GPU-hours from the event log where Slurm has no record (``cluster=local``, sacct unavailable): each
+    attempt from its ``job_start`` to its last event (to now while it runs) x its world size."""
+    from launch.cost import gpu_hours
+
+    spans, start, last, world = [], None, None, 0
+    for e in events:
+        t = e.get("time")
+        if not isinstance(t, (int, float)):
+            continue
+        if e.get("event") == "job_start":
+            if start is not None:
+                spans.append((world, last - start))
+            start, world = float(t), int(e.get("world_size") or state.world_size)
+        last = float(t)
+    if start is None:
+        return
+    spans.append((world, (now if state.state == "running" else last) - start))
+    state.gpu_hours, state.gpu_hours_source = gpu_hours(spans), "events"
 
 
 def _from_events(state: RunState, events: list[dict]) -> None:
@@ -291,6 +348,12 @@ def gather(run_dir: str | Path, *, runner: Runner = default_runner, clock: Calla
         usable = job.run.time_limit_min * 60 - job.training.signal_lead_time_s
         if c.launcher == "slurm" and usable > 0 and left:
             state.slices_left = math.ceil(state.eta_s / usable)
+    if state.gpu_hours is None:
+        _event_gpu_hours(state, events, clock())
+    from launch.cost import cost
+
+    state.gpu_hour_price = c.gpu_hour_price
+    state.cost = cost(state.gpu_hours, c.gpu_hour_price)
     if state.mfu_now is None and not state.mfu_note and state.step is not None:
         state.mfu_note = f"no MFU: unknown peak for cluster.gpu {c.gpu!r}"
     _checkpoint(state, paths, clock())

@@ -22,6 +22,7 @@ if __package__ in (None, ""):  # python launch/status.py: make the repository im
     sys.path[:] = [str(Path(__file__).resolve().parent.parent)] + [
         p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
+from launch.cost import cost_text, unit  # noqa: E402
 from launch.paths import RunPaths  # noqa: E402
 from recovery.slurm import default_runner  # noqa: E402
 from launch.run_state import RunState, gather  # noqa: E402
@@ -70,6 +71,12 @@ def format_state(st: RunState) -> str:
         if st.loss is not None:
             prog += f"; lm loss {st.loss:.4g}"
         lines.append(f"progress   {prog}")
+    if st.val_loss is not None:
+        val = f"lm loss {st.val_loss:.4g}" + (f", PPL {st.val_ppl:.4g}" if st.val_ppl is not None else "")
+        val += f" at step {st.val_step:,}"
+        if st.val_first:
+            val += f" (was {st.val_first[1]:.4g} at step {st.val_first[0]:,})"
+        lines.append(f"validation {val}")
     if st.checkpoint_step is not None:
         lines.append(f"checkpoint step {st.checkpoint_step:,} verified, {_dur(st.checkpoint_age_s)} ago"
                      f" ({Path(st.checkpoint_path or '').name})")
@@ -78,6 +85,12 @@ def format_state(st: RunState) -> str:
     intr = ", ".join(f"{k} {v}" for k, v in sorted(st.interruptions.items())) or "none"
     lines.append(f"interrupts {intr}")
     lines.append(f"goodput    {_pct(st.goodput)}" + (" so far" if st.goodput is not None else ""))
+    if st.gpu_hours is not None:
+        src = "Slurm accounting" if st.gpu_hours_source == "sacct" else "event log, worker time"
+        priced = cost_text(st.gpu_hours, st.gpu_hour_price, gpu=st.gpu, what=f"so far, from the {src}")
+        lines.append(f"cost       {priced}" if priced else
+                     f"used       {st.gpu_hours:,.3g} {unit(st.gpu)} so far (from the {src}; "
+                     "set cluster.gpu_hour_price for a cost)")
     if st.mfu_now is not None or st.mfu_estimate is not None:
         tok = f"; {st.tokens_per_s:,.0f} tokens/s" if st.tokens_per_s else ""
         lines.append(f"MFU        {_pct(st.mfu_now)} now vs {_pct(st.mfu_estimate)} estimated{tok}")

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from launch.config import Job
+from launch.cost import cost_text
 
 
 def _hours(h: Optional[float]) -> str:
@@ -76,6 +77,10 @@ def summary(job: Job, run_dir: Path, *, job_ids: Sequence[str] = (), est: Any = 
             if job.run.budget_gpu_hours:
                 target += f" (budget {job.run.budget_gpu_hours:,.0f} GPU-hours)"
         rows.append(("to target", target))
+        if est is not None and est.gpu_hours_total is not None:
+            priced = cost_text(est.gpu_hours_total, c.gpu_hour_price, gpu=c.gpu, what="estimate to the target")
+            if priced:
+                rows.append(("cost", priced))
     if est is not None:
         every = f", every {est.checkpoint_interval} steps" if est.checkpoint_interval else ""
         size = f"{est.checkpoint_gb:,.3g} GB" if est.checkpoint_gb >= 1 else f"{est.checkpoint_gb * 1e3:.3g} MB"

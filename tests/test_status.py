@@ -179,3 +179,43 @@ def test_the_status_command_imports_no_torch(run_dir):
     mods = {ln.rsplit("|", 1)[1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
     assert "launch.run_state" in mods
     assert not [m for m in mods if m.split(".")[0] in ("torch", "megatron")]
+
+
+def _priced(run_dir, price):
+    cfg = run_dir / "config.yaml"
+    cfg.write_text(cfg.read_text().replace("  requeue_allowed:", f"  gpu_hour_price: {price}\n  requeue_allowed:", 1))
+
+
+def test_gpu_hours_so_far_from_slurm_accounting_and_their_cost(run_dir):
+    st = gather(run_dir, runner=FakeSlurm(None, "8700|COMPLETED|0:0"))
+    # three allocations of the 4-rank job (sacct -D): 45 s + 1:19 + 55 s, no GPU in AllocTRES: one per rank
+    assert st.gpu_hours_source == "sacct" and st.gpu_hours == pytest.approx(4 * (45 + 79 + 55) / 3600)
+    assert st.cost is None and "set cluster.gpu_hour_price for a cost" in status.format_state(st)
+    _priced(run_dir, 2.5)
+    st = gather(run_dir, runner=FakeSlurm(None, "8700|COMPLETED|0:0"))
+    assert st.cost == pytest.approx(2.5 * 4 * 179 / 3600)
+    line = next(ln for ln in status.format_state(st).splitlines() if ln.startswith("cost"))
+    assert line.startswith(f"cost       {st.cost:,.2f} (0.199 process-hours x 2.5 per process-hour"), line
+    assert "Slurm accounting" in line
+
+
+def test_gpu_hours_from_the_event_log_without_slurm(run_dir):
+    _priced(run_dir, 1)
+    st = gather(run_dir, runner=FakeSlurm(missing=True))
+    # each attempt from job_start to its last event (fixture times), x 4 ranks
+    assert st.gpu_hours_source == "events"
+    assert st.gpu_hours == pytest.approx(4 * (15.2815 + 18.3257 + 24.7840) / 3600, rel=1e-3)
+    assert st.cost == pytest.approx(st.gpu_hours) and "event log, worker time" in status.format_state(st)
+
+
+def test_validation_loss_is_shown_with_its_trend(run_dir):
+    log = run_dir / "logs" / "8700_3.out"
+    blocks = "".join(f"-----\n validation loss at iteration {it} | lm loss value: {loss:.6E} | "
+                     f"lm loss PPL: {math.exp(loss):.6E} | \n-----\n" for it, loss in ((10, 5.5), (20, 4.25)))
+    log.write_text(log.read_text() + blocks)
+    st = gather(run_dir, runner=FakeSlurm("8700|RUNNING|None"))
+    assert (st.val_step, st.val_loss, st.val_first) == (20, pytest.approx(4.25), [10, pytest.approx(5.5)])
+    assert st.val_ppl == pytest.approx(math.exp(4.25), rel=1e-5)
+    assert f"validation lm loss 4.25, PPL {math.exp(4.25):.4g} at step 20 (was 5.5 at step 10)" in \
+        status.format_state(st)
+    assert json.loads(json.dumps(st.to_dict()))["val_loss"] == pytest.approx(4.25)

@@ -47,3 +47,24 @@ def test_a_submission_prints_the_summary_and_the_next_commands(tmp_path):
     world = 16 * 8
     assert f"tail -F {runs / '7b'}/logs/31337_{world - 1}.out" in out
     assert f"python analysis/report.py {runs / '7b'} --out {runs / '7b'}/report" in out
+
+
+def test_the_cost_line_prices_the_estimate_only_when_a_price_is_set(tmp_path):
+    import re
+
+    from launch.check import check
+    from launch.compose import compose_job
+    from launch.planner.estimate import estimate
+    from launch.summary import summary
+
+    job = compose_job(["cluster=lustre", "model=7b"])
+    assert "cost" not in [ln.split()[0] for ln in summary(job, tmp_path).splitlines() if ln.strip()]
+    job = compose_job(["cluster=lustre", "model=7b", "cluster.gpu_hour_price=2.5"])
+    line = next(ln.strip() for ln in summary(job, tmp_path).splitlines() if ln.strip().startswith("cost"))
+    m = re.fullmatch(r"cost\s+([\d,.]+) \(([\d,.]+) GPU-hours x 2\.5 per GPU-hour, estimate to the target\)", line)
+    assert m, line
+    hours = estimate(job).gpu_hours_total
+    assert float(m.group(2).replace(",", "")) == round(hours)
+    assert float(m.group(1).replace(",", "")) == round(2.5 * hours, 2)
+    bad = check(compose_job(["cluster=lustre", "model=7b", "cluster.gpu_hour_price=-1"]))
+    assert [p.field for p in bad] == ["cluster.gpu_hour_price"]
