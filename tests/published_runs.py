@@ -13,7 +13,9 @@ What a metric means:
 * ``tflops``: published TFLOP/s per GPU. ``flops`` says whose FLOP count the authors divided by
   their step time: ``"paper"`` = Narayanan et al.'s ``96 B s l h^2 (1 + s/6h + V/16lh)`` (full
   recompute counted, as Megatron-LM and Megatron-DeepSpeed logged it in 2021-22), ``"model"`` =
-  the model FLOPs of ``analysis.flops`` (no recompute). The estimate divides the same count by
+  the model FLOPs of ``analysis.flops`` (no recompute), ``"model_full_square"`` = the same
+  without the causal halving of the attention scores (Megatron-LM's ``training.py`` before core
+  0.12, which Megatron-Core r0.8.0's published MFU used). The estimate divides the same count by
   the estimated step time, so only the denominator is ours.
 * ``memory_gib``: published measured memory per GPU (worst GPU), GiB.
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from analysis.flops import flops_breakdown, peak_flops
 from launch.config import ClusterConfig, DataConfig, Job, ModelConfig, ParallelismConfig, TrainingConfig
 from launch.planner.memory import worst_stage
 from launch.planner.shapes import shape_of
@@ -48,7 +51,14 @@ class Published:
         st = step_time(self.job)
         if self.metric == "step_s":
             return st.step_time_s
-        flops = paper_flops(self.job) if self.flops == "paper" else st.model_flops
+        if self.flops == "paper":
+            flops = paper_flops(self.job)
+        elif self.flops == "model_full_square":
+            flops = sum(flops_breakdown(self.job.model, self.job.training.global_batch_size, causal=False,
+                                        padded_vocab_size=shape_of(self.job.model, self.job.parallelism.tp).vocab
+                                        ).values())
+        else:
+            flops = st.model_flops
         return flops / st.step_time_s / self.job.world_size / 1e12
 
     def error(self) -> float:
@@ -90,6 +100,13 @@ def grand_teton(nodes: int) -> ClusterConfig:
     """Meta's H100 SXM 80GB (700 W) RoCE cluster: NVLink 4 (450 GB/s per direction), 400 Gb/s per GPU
     = 50 GB/s (Dubey et al. 2024, section 3.3.1)."""
     return ClusterConfig(name="grand-teton", nodes=nodes, gpus_per_node=8, gpu="h100_sxm", gpu_memory_gb=80,
+                         nvlink_bandwidth_gbs=450, ib_bandwidth_gbs=50)
+
+
+def dgx_h100(nodes: int) -> ClusterConfig:
+    """NVIDIA DGX H100 (SXM 80GB): NVLink 4 (450 GB/s per direction per GPU), 8 x ConnectX-7 NDR 400 Gb/s per
+    node = 50 GB/s per GPU (DGX H100 user guide). The machine of Megatron-Core's published scaling runs."""
+    return ClusterConfig(name="dgx-h100", nodes=nodes, gpus_per_node=8, gpu="h100_sxm", gpu_memory_gb=80,
                          nvlink_bandwidth_gbs=450, ib_bandwidth_gbs=50)
 
 
@@ -260,8 +277,67 @@ def megatron_pr482() -> list[Published]:
                               "the 69.1 read as GiB (torch's allocator report)")]
 
 
+# --- 8. Megatron-Core r0.8.0 scaling results on H100 (NVIDIA/Megatron-LM README.md) -------------------------
+# README.md "Performance Benchmarking" (since commit f2e5db402c, 2024-07-15, "New scaling figures on H100 GPUs"):
+# images/model_table.png (weak scaling: model, heads, hidden, layers, tp, pp, dp, GPUs, batch, TFLOP/s per GPU,
+# MFU) and the strong-scaling text: "the standard GPT-3 model (slightly more than 175 billion parameters due to
+# larger vocabulary size) from 96 H100 GPUs to 4608 GPUs, using the same batch size of 1152 sequences throughout
+# ... a reduction in MFU from 47% to 42%". Vocabulary 131,072, sequence 4096, bf16; "fine-grained overlapping
+# with DP (--overlap-grad-reduce, --overlap-param-gather), TP (--tp-comm-overlap), and PP". The parameter counts
+# of the table (1.7B at h 2048 x 24 layers ...) are those of a GPT-3 MLP (4h, GeLU) with untied embeddings.
+MCORE_WEAK = [  # size B, heads, hidden, layers, tp, pp, GPUs, batch, TFLOP/s per GPU
+    (1.7, 16, 2048, 24, 1, 1, 48, 192, 408.8),
+    (7.1, 32, 4096, 30, 2, 1, 96, 192, 465.9),
+    (16, 48, 6144, 32, 4, 1, 192, 192, 489.1),
+    (32, 56, 7168, 48, 8, 1, 384, 192, 459.6),
+    (70, 64, 8192, 84, 8, 2, 768, 384, 419.7),
+    (119, 80, 10240, 92, 8, 4, 1536, 768, 420.5),
+    (177, 96, 12288, 96, 8, 6, 2304, 1152, 432.8),
+    (314, 128, 16384, 96, 8, 8, 3072, 1536, 474.4),
+    (462, 144, 18432, 112, 8, 16, 6144, 3072, 459.9),
+]
+# Strong scaling of the 177B model at batch 1152: the end points the text states (96 and 4608 GPUs, MFU 47% and
+# 42%); the 2304-GPU point of the figure is the weak-scaling table's 177B row. Layout: the table's tp8 pp6.
+MCORE_STRONG = [(96, 0.47), (4608, 0.42)]
+MCORE_ASSUMED = ("micro-batch 1, no recompute, fused attention, sequence parallel with tp, distributed optimizer, "
+                 "dp reduce and gather overlapped; with pp > 1 the interleaved schedule (Megatron overlaps PP "
+                 "communication only there) with one layer per chunk (the chunk count is not published); the TP "
+                 "overlap is not credited (the planner counts the TP collectives exposed)")
+
+
+def mcore_gpt(layers: int, hidden: int, heads: int) -> ModelConfig:
+    return ModelConfig(name=f"mcore-gpt-{layers}x{hidden}", num_layers=layers, hidden_size=hidden,
+                       ffn_hidden_size=4 * hidden, num_attention_heads=heads, seq_length=4096, vocab_size=131072,
+                       swiglu=False, position_embedding_type="learned_absolute", normalization="LayerNorm",
+                       untie_embeddings_and_output_weights=True, add_bias_linear=True)
+
+
+def _mcore_job(layers: int, hidden: int, heads: int, tp: int, pp: int, gpus: int, batch: int) -> Job:
+    return _job(mcore_gpt(layers, hidden, heads), dgx_h100(gpus // 8), batch, tp=tp, pp=pp,
+                vpp=layers // pp if pp > 1 else None, sequence_parallel=tp > 1, recompute="none",
+                distributed_optimizer=True, overlap_grad_reduce=True)
+
+
+def megatron_core_h100() -> list[Published]:
+    cite = "NVIDIA/Megatron-LM README.md (Megatron-Core r0.8.0 on H100, commit f2e5db402c), "
+    out = []
+    for size, heads, hidden, layers, tp, pp, gpus, batch, tflops in MCORE_WEAK:
+        out.append(Published("Megatron-Core r0.8 (H100)", cite + "weak-scaling table",
+                             f"{size:g}B tp{tp} pp{pp} {gpus} GPUs", size,
+                             _mcore_job(layers, hidden, heads, tp, pp, gpus, batch), "tflops", tflops,
+                             flops="model_full_square", assumed=MCORE_ASSUMED))
+    peak = peak_flops("h100_sxm", "bf16") / 1e12
+    for gpus, mfu in MCORE_STRONG:
+        out.append(Published("Megatron-Core r0.8 (H100)", cite + "strong-scaling text",
+                             f"177B tp8 pp6 {gpus} GPUs batch 1152 (strong)", 177,
+                             _mcore_job(96, 12288, 96, 8, 6, gpus, 1152), "tflops", mfu * peak,
+                             flops="model_full_square", assumed=MCORE_ASSUMED + "; MFU x 989 TFLOP/s"))
+    return out
+
+
 def all_rows() -> list[Published]:
-    return narayanan() + korthikanti() + mt_nlg() + llama3_405b() + bloom() + torchtitan() + megatron_pr482()
+    return (narayanan() + korthikanti() + mt_nlg() + llama3_405b() + bloom() + torchtitan() + megatron_pr482()
+            + megatron_core_h100())
 
 
 def summary(rows: list[Published] | None = None, min_params_b: float = 1.0) -> dict[tuple[str, str], dict]:

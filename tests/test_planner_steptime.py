@@ -111,3 +111,17 @@ def test_fused_attention_runs_the_scores_below_the_gemm_rate_and_unfused_pays_hb
     fused = step_time(j)
     unfused = step_time(dataclasses.replace(j, model=dataclasses.replace(j.model, attention_backend="unfused")))
     assert unfused.compute_s > fused.compute_s  # s x s scores through HBM
+
+
+def test_a_data_parallel_ring_across_nodes_uses_the_nics_its_members_have_in_each_node():
+    """NCCL spreads a collective's channels over the NICs of the group's members in a node: a dp group with
+    tp=1 (8 members per node) moves at 8 NICs' bandwidth up to NVLink's, one with tp=8 at one NIC's; a
+    point-to-point send (pipeline) always has one NIC."""
+    from launch.planner.steptime import _bw
+    c = compose_job(["model=7b", "cluster=lustre", "cluster.nodes=4"]).cluster
+    nic, nvl = c.ib_bandwidth_gbs * 1e9, c.nvlink_bandwidth_gbs * 1e9
+    assert _bw(c, 32, stride=1) == min(nvl, c.gpus_per_node * nic)
+    assert _bw(c, 32, stride=2) == min(nvl, c.gpus_per_node // 2 * nic)
+    assert _bw(c, 32, stride=8) == nic
+    assert _bw(c, 32) == nic
+    assert _bw(c, 8, stride=1) == nvl

@@ -34,7 +34,9 @@ model. Every term is per GPU and per optimizer step:
   fp32 all-reduce. Every collective is alpha-beta (:func:`collective_s`): ring ``(n-1)`` hops of
   ``cluster.ib_latency_us`` (``nvlink_latency_us`` inside a node) plus ``(n-1)/n`` of the bytes
   at the bandwidth; an all-reduce takes the faster of the ring and the double binary tree
-  (``2 log2 n`` hops), as NCCL does. With ``parallelism.overlap_grad_reduce`` the reduce hides
+  (``2 log2 n`` hops), as NCCL does. Across nodes the bandwidth is that of the NICs the group has
+  in each node (:func:`_bw`: a dp group with tp=1 has 8 members and 8 NICs per node, with tp=8
+  one). With ``parallelism.overlap_grad_reduce`` the reduce hides
   behind the last microbatch's backward and the gather behind the next forward, except the last
   bucket; without it (what the worker runs today) all of it is exposed.
 * **Full sharding** (``parallelism.sharding=full``, ZeRO-3/FSDP): every microbatch gathers the
@@ -138,10 +140,23 @@ def hbm_bandwidth(gpu: str) -> float:
     return HBM_BANDWIDTH_GBS.get(gpu.strip().lower(), HBM_BANDWIDTH_GBS["a100"]) * GB
 
 
-def _bw(cluster, group: int) -> float:
-    """Bytes/s per GPU for a collective whose group spans ``group`` consecutive ranks."""
+def _bw(cluster, group: int, stride: int | None = None) -> float:
+    """Bytes/s per GPU for a collective whose group spans ``group`` consecutive ranks.
+
+    Inside a node: NVLink. Across nodes, a point-to-point send (``stride=None``) has one GPU's NIC.
+    A ring/tree collective whose members sit ``stride`` ranks apart has ``k = gpus_per_node //
+    stride`` members in each node, and NCCL spreads its channels over their k NICs (each channel
+    leaves the node on a different NIC; the other groups running at the same time use the other
+    GPUs' NICs), so the node's share of the ring moves at ``k * ib_bandwidth_gbs``, capped by the
+    NVLink hops inside the node. This is nccl-tests' bus bandwidth of a multi-node collective on a
+    node with one NIC per GPU (nccl-tests doc/PERFORMANCE.md): about 8 x 50 GB/s, NVLink-bound,
+    for a dp-only group on DGX H100; one NIC's 50 GB/s for a dp group with tp=8 (one member per node).
+    """
     inside = group <= cluster.gpus_per_node
-    return (cluster.nvlink_bandwidth_gbs if inside else cluster.ib_bandwidth_gbs) * GB
+    if inside:
+        return cluster.nvlink_bandwidth_gbs * GB
+    k = 1 if stride is None else max(1, cluster.gpus_per_node // max(1, stride))
+    return min(cluster.nvlink_bandwidth_gbs, k * cluster.ib_bandwidth_gbs) * GB
 
 
 def _alpha(cluster, group: int) -> float:
@@ -244,7 +259,7 @@ def step_time(job: Job, shape: Shape | None = None, flops: dict | None = None, a
     weight_b = 4 if t.precision == "fp32" else 2  # gradients are reduced in fp32 either way
     fsdp_mb = 0.0  # FSDP: per microbatch, gather the weights for forward and backward, reduce-scatter grads
     if fsdp and dp_group > 1:
-        bw, a = _bw(c, tp * dp_group), _alpha(c, tp * dp_group)
+        bw, a = _bw(c, tp * dp_group, stride=tp), _alpha(c, tp * dp_group)
         buckets = max(1.0, math.ceil(stage_params / dp_bucket_params(dp_group)))
         fsdp_mb = (2 * collective_s("all_gather", weight_b * stage_params, dp_group, bw, a)
                    + collective_s("reduce_scatter", 4 * stage_params, dp_group, bw, a)
@@ -267,7 +282,7 @@ def step_time(job: Job, shape: Shape | None = None, flops: dict | None = None, a
     # microbatch's backward (and the gather with the next forward) only where overlap is enabled.
     dp_exposed = 0.0
     if dp_group > 1 and not fsdp:
-        bw, a = _bw(c, tp * dp_group), _alpha(c, tp * dp_group)
+        bw, a = _bw(c, tp * dp_group, stride=tp), _alpha(c, tp * dp_group)
         buckets = max(1.0, math.ceil(stage_params / dp_bucket_params(dp_group)))
         per_bucket = stage_params / buckets
         if p.distributed_optimizer:
