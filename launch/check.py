@@ -67,7 +67,7 @@ def check(job: Job, *, path_exists: Callable[[str], bool] = os.path.exists) -> l
     ``path_exists`` is injected so tests can describe a dataset without creating files.
     """
     problems: list[Problem] = []
-    for rule in (positive_sizes, mesh, model_split, batch, features, _recipe_support, _enums, _lifecycle,
+    for rule in (positive_sizes, mesh, model_split, batch, features, _recipe_support, _overlap, _enums, _lifecycle,
                  _time, _cluster, _numbers, _strings, check_watch.problems):
         problems.extend(rule(job))
     problems.extend(_data(job, path_exists))
@@ -78,8 +78,8 @@ def check(job: Job, *, path_exists: Callable[[str], bool] = os.path.exists) -> l
 
 def _recipe_support(job: Job) -> list[Problem]:
     """Settings the planner models but the training recipe (train/train_loop.py: Megatron-Core DDP +
-    the distributed optimizer, ZeRO-1, no overlap) does not run yet. ``launch/plan.py`` still
-    estimates them; a job that would train with them is refused rather than silently run without."""
+    the distributed optimizer) does not run yet. ``launch/plan.py`` still estimates them; a job that
+    would train with them is refused rather than silently run without."""
     p = job.parallelism
     out = []
     if p.sharding == "full":
@@ -88,11 +88,43 @@ def _recipe_support(job: Job) -> list[Problem]:
             "sharding=full, but train/train_loop.py builds Megatron-Core DDP + the distributed optimizer (ZeRO-1)",
             "set parallelism.sharding=optimizer with parallelism.distributed_optimizer=true "
             "(launch/plan.py estimates sharding=full for planning)"))
-    if p.overlap_grad_reduce:
+    return out
+
+
+def _overlap(job: Job) -> list[Problem]:
+    """Communication overlap (Megatron-Core DDP and TransformerEngine): each option's prerequisites,
+    as Megatron-LM's ``validate_args`` states them."""
+    p = job.parallelism
+    out = []
+    if p.overlap_param_gather and not p.distributed_optimizer:
         out.append(Problem(
-            "parallelism.overlap_grad_reduce", "the training recipe does not overlap the gradient reduce yet",
-            "overlap_grad_reduce=true, but train/train_loop.py builds DDP with overlap_grad_reduce=False",
-            "set parallelism.overlap_grad_reduce=false (launch/plan.py estimates the overlap for planning)"))
+            "parallelism.overlap_param_gather", "overlapping the weight all-gather needs the distributed optimizer",
+            "overlap_param_gather=true with distributed_optimizer=false (no sharded weights to all-gather)",
+            "set parallelism.distributed_optimizer=true or parallelism.overlap_param_gather=false"))
+    if p.overlap_param_gather and not p.overlap_grad_reduce:
+        out.append(Problem(
+            "parallelism.overlap_param_gather", "the weight all-gather overlap comes with the gradient reduce overlap",
+            "overlap_param_gather=true with overlap_grad_reduce=false (Megatron-LM requires both)",
+            "set parallelism.overlap_grad_reduce=true"))
+    if p.bucket_size is not None and p.bucket_size < 1:
+        out.append(Problem("parallelism.bucket_size", "a gradient bucket holds at least one parameter",
+                           f"bucket_size = {p.bucket_size}", "set parallelism.bucket_size=40000000 or null"))
+    elif p.bucket_size is not None and not p.overlap_grad_reduce:
+        out.append(Problem(
+            "parallelism.bucket_size", "buckets only exist with overlap_grad_reduce (Megatron-Core ignores the size "
+            "otherwise and reduces all gradients at once)", f"bucket_size = {p.bucket_size} with overlap_grad_reduce=false",
+            "set parallelism.overlap_grad_reduce=true or parallelism.bucket_size=null"))
+    if p.tp_comm_overlap:
+        if p.tp < 2 or not p.sequence_parallel:
+            out.append(Problem(
+                "parallelism.tp_comm_overlap", "TP communication overlap splits the sequence-parallel all-gather and "
+                "reduce-scatter around the GEMMs", f"tp_comm_overlap=true with tp {p.tp} and sequence_parallel="
+                f"{str(p.sequence_parallel).lower()} (needs tp > 1 and sequence_parallel=true)",
+                "set parallelism.sequence_parallel=true with parallelism.tp>1, or parallelism.tp_comm_overlap=false"))
+        if job.cluster.gpu == "cpu":
+            out.append(Problem(
+                "parallelism.tp_comm_overlap", "TP communication overlap needs TransformerEngine's userbuffers (GPUs)",
+                "tp_comm_overlap=true on cluster.gpu=cpu", "set parallelism.tp_comm_overlap=false on a CPU cluster"))
     return out
 
 

@@ -114,7 +114,10 @@ class ParallelismConfig:
     distributed_optimizer: bool = True  # shard fp32 main params and Adam moments across dp (ZeRO-1)
     recompute: str = "none"  # none | selective | full activation recomputation
     sharding: Sharding = Sharding.optimizer  # optimizer (ZeRO-1) | full (ZeRO-3/FSDP: weights + grads too)
-    overlap_grad_reduce: bool = False  # overlap the dp gradient reduce (and the weight gather) with compute
+    overlap_grad_reduce: bool = False  # overlap the dp gradient reduce with the backward pass (bucketed)
+    overlap_param_gather: bool = False  # overlap the dp weight all-gather with the next forward; needs distributed_optimizer
+    bucket_size: Optional[int] = None  # parameters per gradient bucket with overlap; None = Megatron's max(40M, 1M * dp)
+    tp_comm_overlap: bool = False  # overlap TP all-gather/reduce-scatter with GEMMs (TransformerEngine; tp > 1 with sp)
     allow_tp_across_nodes: bool = False  # permit tp > gpus_per_node (slow: TP traffic on IB)
     account_for_embedding_in_pipeline_split: bool = False  # count the embedding as a layer of stage 0
     account_for_loss_in_pipeline_split: bool = False  # count the output layer + loss as a layer of the last stage
@@ -207,7 +210,10 @@ class TrainingConfig:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
     clip_grad: float = 1.0  # global grad-norm clip
-    precision: str = "bf16"  # bf16 | fp16 | fp32 (CPU runs use fp32)
+    precision: str = "bf16"  # bf16 | fp16 (dynamic loss scaling) | fp32 | fp8 (needs TransformerEngine on the ranks)
+    initial_loss_scale: float = 4294967296.0  # fp16: the dynamic loss scale's start (Megatron-LM's 2**32)
+    loss_scale_window: int = 1000  # fp16: clean steps before the scale doubles
+    hysteresis: int = 2  # fp16: overflowing steps tolerated before the scale halves
     seed: int = 1234
     log_interval: int = 1  # iterations between log lines
     eval_interval: int = 0  # iterations between validation-loss evaluations (0 = none); also at the last step

@@ -70,6 +70,21 @@ CASES = [
      "parallelism.tp", "tp 16 > cluster.gpus_per_node 8"),
     ("cp_on_cpu", LOCAL_TINY + ["parallelism.cp=2"], None, "parallelism.cp", "on cluster.gpu=cpu"),
     ("fp8_on_cpu", LOCAL_TINY + ["training.precision=fp8"], None, "training.precision", "fp8 on cluster.gpu=cpu"),
+    ("param_gather_without_distopt", LUSTRE_7B + ["parallelism.distributed_optimizer=false",
+                                                  "parallelism.overlap_grad_reduce=true",
+                                                  "parallelism.overlap_param_gather=true"], None,
+     "parallelism.overlap_param_gather", "with distributed_optimizer=false"),
+    ("param_gather_without_grad_overlap", LUSTRE_7B + ["parallelism.overlap_param_gather=true"], None,
+     "parallelism.overlap_param_gather", "with overlap_grad_reduce=false"),
+    ("bucket_without_overlap", LUSTRE_7B + ["parallelism.bucket_size=1000000"], None, "parallelism.bucket_size",
+     "bucket_size = 1000000 with overlap_grad_reduce=false"),
+    ("bucket_zero", LUSTRE_7B + ["parallelism.overlap_grad_reduce=true", "parallelism.bucket_size=0"], None,
+     "parallelism.bucket_size", "bucket_size = 0"),
+    ("tp_comm_overlap_without_sp", LUSTRE_7B + ["parallelism.tp_comm_overlap=true",
+                                                "parallelism.sequence_parallel=false"], None,
+     "parallelism.tp_comm_overlap", "with tp 2 and sequence_parallel=false"),
+    ("tp_comm_overlap_on_cpu", LOCAL_TINY + ["parallelism=tp2_sp", "parallelism.tp_comm_overlap=true"], None,
+     "parallelism.tp_comm_overlap", "on cluster.gpu=cpu"),
     ("time_over_partition", LUSTRE_7B + ["run.time_limit_min=3000"], None, "run.time_limit_min",
      "3000 > cluster.max_time_min 2880"),
     ("lead_over_limit", LUSTRE_7B + ["run.time_limit_min=5"], None, "training.signal_lead_time_s",
@@ -180,13 +195,19 @@ def test_refused_job_reaches_no_submitter_and_writes_nothing(tmp_path):
 
 
 def test_settings_the_recipe_does_not_run_yet_are_refused_with_a_reason():
-    """The planner models ZeRO-3/FSDP and the overlapped gradient reduce; the worker builds Megatron
-    DDP + the distributed optimizer without overlap, so a job asking for them is refused, not run without."""
-    job = compose_job(["model=70b", "cluster=lustre", "parallelism.sharding=full", "parallelism.overlap_grad_reduce=true"])
+    """The planner models ZeRO-3/FSDP; the worker builds Megatron DDP + the distributed optimizer, so a
+    job asking for it is refused, not run without."""
+    job = compose_job(["model=70b", "cluster=lustre", "parallelism.sharding=full"])
     problems = {p.field: p for p in check(job, path_exists=lambda _: True)}
     assert "ZeRO-3/FSDP" in problems["parallelism.sharding"].message
     assert "train_loop.py" in problems["parallelism.sharding"].arithmetic
-    assert "overlap_grad_reduce=False" in problems["parallelism.overlap_grad_reduce"].arithmetic
+
+
+def test_overlap_with_its_prerequisites_is_accepted():
+    job = compose_job(LUSTRE_7B + ["parallelism.overlap_grad_reduce=true", "parallelism.overlap_param_gather=true",
+                                   "parallelism.bucket_size=40000000", "parallelism.tp_comm_overlap=true"])
+    assert job.parallelism.tp == 2 and job.parallelism.sequence_parallel
+    assert not [p for p in check(job, path_exists=lambda _: True) if "overlap" in p.field or "bucket" in p.field]
 
 
 def test_a_typed_choice_refuses_an_unknown_kernel_at_compose_time():

@@ -14,6 +14,7 @@ What "equal" means here:
   so losses agree to about one float32 ulp (~5e-7 at 5.7), not bitwise.
 * DP replicas: bitwise identical parameters (the SHA-256 of every rank's parameters).
 * Interleaved PP2 x VPP2 == PP2: bitwise.
+* DP2 with the gradient reduce and the weight gather overlapped (bucketed) == DP2 without: bitwise.
 """
 from __future__ import annotations
 
@@ -44,6 +45,9 @@ LAYOUTS = {
     "dp2": (["parallelism=tp1", "parallelism.distributed_optimizer=false"], 2),
     "dp2_distopt": (["parallelism=tp1", "parallelism.distributed_optimizer=true"], 2),
     "pp2_vpp2": (["parallelism=pp2", "parallelism.vpp=2"], 2),
+    # both DDP overlaps, small buckets (the tiny model's ~0.1M parameters split into several)
+    "dp2_overlap": (["parallelism=tp1", "parallelism.distributed_optimizer=true", "parallelism.overlap_grad_reduce=true",
+                     "parallelism.overlap_param_gather=true", "parallelism.bucket_size=20000"], 2),
     "moe_ep2": (["parallelism=tp1", "model.num_experts=4", "model.moe_router_topk=2", "parallelism.ep=2"], 2),
 }
 
@@ -112,6 +116,14 @@ def test_dp_replicas_end_with_equal_parameters(runs):
 def test_distributed_optimizer_equals_ordinary_optimizer(runs):
     assert runs("dp2_distopt").losses == runs("dp2").losses
     assert _digests(runs("dp2_distopt")) == _digests(runs("dp2"))
+
+
+def test_overlapped_reduce_and_gather_equal_the_plain_distributed_optimizer(runs):
+    """overlap_grad_reduce + overlap_param_gather (bucketed, asynchronous on gloo) reduce the same
+    gradients and gather the same weights: bitwise equal losses, and equal final weights (the digest
+    reads them after the last lazy all-gather is forced, as a save does)."""
+    assert runs("dp2_overlap").losses == runs("dp2_distopt").losses
+    assert _digests(runs("dp2_overlap")) == _digests(runs("dp2_distopt"))
 
 
 def test_dp2_matches_tp1(runs):

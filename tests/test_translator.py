@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from launch.compose import compose_job
-from train.megatron_model import padded_vocab_size, to_transformer_config
+from train.megatron_model import padded_vocab_size, to_ddp_config, to_optimizer_config, to_transformer_config
 
 MODELS = sorted(p.stem for p in (Path(__file__).resolve().parent.parent / "hydra_conf" / "model").glob("*.yaml"))
 
@@ -117,3 +117,32 @@ def test_padded_vocab_does_not_depend_on_tp():
     assert padded_vocab_size(llama, 8) == 32000  # already a multiple of 128 (Megatron-LM: 32768 at tp 8)
     odd = dataclasses.replace(job.model, make_vocab_size_divisible_by=64)
     assert padded_vocab_size(odd, 3) % 3 == 0 and padded_vocab_size(odd, 3) % 64 == 0
+
+
+def test_overlap_options_reach_the_ddp_and_optimizer_configs():
+    job = compose_job(["model=7b", "parallelism.overlap_grad_reduce=true", "parallelism.overlap_param_gather=true",
+                       "parallelism.bucket_size=12345", "parallelism.tp_comm_overlap=true"])
+    ddp = to_ddp_config(job.parallelism)
+    assert ddp.overlap_grad_reduce and ddp.overlap_param_gather and ddp.bucket_size == 12345
+    assert ddp.use_distributed_optimizer and ddp.grad_reduce_in_fp32
+    opt = to_optimizer_config(job.training, job.parallelism)
+    assert opt.overlap_param_gather and opt.use_distributed_optimizer  # Megatron wants the DDP config's value
+    assert to_transformer_config(job.model, job.parallelism, job.training).tp_comm_overlap
+    plain = compose_job(["model=7b", "parallelism.distributed_optimizer=false"])
+    ddp = to_ddp_config(plain.parallelism)
+    assert not (ddp.overlap_grad_reduce or ddp.overlap_param_gather or ddp.use_distributed_optimizer)
+    assert ddp.bucket_size is None  # Megatron's default, max(40M, 1M * dp)
+    assert not to_transformer_config(plain.model, plain.parallelism, plain.training).tp_comm_overlap
+
+
+@pytest.mark.parametrize("precision,dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16),
+                                             ("fp16", torch.float16)])
+def test_precision_reaches_the_optimizer_with_dynamic_loss_scaling_for_fp16(precision, dtype):
+    job = compose_job(["model=tiny", f"training.precision={precision}", "training.initial_loss_scale=4096",
+                       "training.loss_scale_window=7", "training.hysteresis=1"])
+    opt = to_optimizer_config(job.training, job.parallelism)
+    assert (opt.bf16, opt.fp16, opt.params_dtype) == (precision == "bf16", precision == "fp16", dtype)
+    assert opt.loss_scale is None  # dynamic, never a static scale
+    assert (opt.initial_loss_scale, opt.loss_scale_window, opt.hysteresis) == (4096, 7, 1)
+    cfg = to_transformer_config(job.model, job.parallelism, job.training)
+    assert (cfg.bf16, cfg.fp16, cfg.params_dtype) == (precision == "bf16", precision == "fp16", dtype)

@@ -110,6 +110,35 @@ def test_the_worker_refuses_an_older_core_through_its_entry_point(tmp_path: Path
     assert requeue_after_crash(run_dir, {"SLURM_JOB_ID": "5"}, lambda *a, **k: pytest.fail("requeued"))[0] == 0
 
 
+@pytest.mark.parametrize("override,says", [
+    ("training.precision=fp8", "training.precision=fp8 needs TransformerEngine"),
+    ("parallelism.tp_comm_overlap=true", "parallelism.tp_comm_overlap=true needs TransformerEngine's userbuffers"),
+])
+def test_the_worker_refuses_what_needs_transformer_engine_at_start(tmp_path: Path, override: str, says: str) -> None:
+    """Without TransformerEngine (this machine has none) the worker's entry point refuses fp8 and TP
+    communication overlap in one line with exit 10, never downgrading to bf16, and the crash path does not
+    requeue the attempt."""
+    from launch.compose import compose_job, job_to_yaml
+
+    assert not versions.have_transformer_engine()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(job_to_yaml(compose_job(["model=tiny", override])))
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RANK": "0", "WORLD_SIZE": "1", "SLURM_JOB_ID": "6",
+           "SLURM_RESTART_COUNT": "0"}
+    proc = subprocess.run([sys.executable, "-m", "train.worker", str(run_dir)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == EXIT_UNSUPPORTED == 10, proc.stderr[-2000:]
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, lines
+    assert says in lines[0] and "fix:" in lines[0]
+    events = read_events(run_dir / "events.jsonl")
+    assert [(e["event"], e["reason"], e["code"]) for e in events] == [
+        ("stop", "unsupported_software", 10), ("exit", "unsupported_software", 10)]
+    assert not any(e["event"] in ("job_start", "iteration") for e in events)  # nothing trained in another precision
+    assert requeue_after_crash(run_dir, {"SLURM_JOB_ID": "6"}, lambda *a, **k: pytest.fail("requeued"))[0] == 0
+
+
 def test_the_train_extra_states_the_same_ranges() -> None:
     extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["train"]
     reqs = {Requirement(r).name: str(Requirement(r).specifier) for r in extra}

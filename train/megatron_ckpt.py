@@ -100,6 +100,16 @@ def unshare_step(optimizer: Any) -> None:
                 state["step"] = state["step"].detach().clone()
 
 
+def sync_params(chunks: List[Any]) -> None:
+    """With ``parallelism.overlap_param_gather`` the weights an optimizer step updated are all-gathered
+    lazily, bucket by bucket in the next forward pass (Megatron DDP's forward pre-hooks): gather them now,
+    synchronously, before anything reads the weights outside a forward pass (a save, a parameter digest),
+    as Megatron-LM's ``save_checkpoint_and_time`` does. A no-op without the overlap."""
+    for c in chunks:
+        if getattr(c, "use_forward_hook", False):
+            c.start_param_sync(force_sync=True)
+
+
 def sharded_state(
     chunks: List[torch.nn.Module],
     optimizer: Any,
@@ -111,6 +121,8 @@ def sharded_state(
 ) -> Dict[str, Any]:
     """The state dict handed to dist_checkpointing (model keys taken from the unwrapped modules)."""
     sd: Dict[str, Any] = {}
+    if not is_loading:
+        sync_params(chunks)
     modules = [getattr(c, "module", c) for c in chunks]  # DDP prefixes keys with module.
     if len(modules) == 1:
         sd["model"] = modules[0].sharded_state_dict()

@@ -1,8 +1,10 @@
 """Our model config -> Megatron-Core: the ONE translator, the layer spec and the GPT model.
 
-:func:`to_transformer_config` is the only place where slurmtron's schema meets
-``TransformerConfig``. It is one explicit constructor call (no ``setattr`` loops), so a
-renamed Megatron field fails loudly here and in ``tests/test_translator.py``.
+:func:`to_transformer_config`, :func:`to_ddp_config` and :func:`to_optimizer_config` are the
+only places where slurmtron's schema meets Megatron-Core's ``TransformerConfig``,
+``DistributedDataParallelConfig`` and ``OptimizerConfig``. Each is one explicit constructor
+call (no ``setattr`` loops), so a renamed Megatron field fails loudly here and in
+``tests/test_translator.py``.
 
 Two choices differ from Megatron-LM's defaults, both so that a run's numbers do not
 depend on its layout (and therefore a checkpoint reshards and TP1 == TP2 == PP2):
@@ -26,6 +28,8 @@ from typing import List, Optional
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallelConfig
+from megatron.core.optimizer import OptimizerConfig
 from megatron.core.transformer.enums import AttnBackend
 from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -103,6 +107,7 @@ def to_transformer_config(
         context_parallel_size=parallelism.cp,
         expert_model_parallel_size=parallelism.ep,
         sequence_parallel=parallelism.sequence_parallel,
+        tp_comm_overlap=parallelism.tp_comm_overlap,  # TE userbuffers (train.worker initialises them)
         account_for_embedding_in_pipeline_split=parallelism.account_for_embedding_in_pipeline_split,
         account_for_loss_in_pipeline_split=parallelism.account_for_loss_in_pipeline_split,
         # with two stages "previous" and "next" are the same rank: batched isend/irecv then pairs a
@@ -125,6 +130,58 @@ def to_transformer_config(
         apply_rope_fusion=False,
         persist_layer_norm=False,
     )
+
+
+def to_ddp_config(parallelism: ParallelismConfig) -> DistributedDataParallelConfig:
+    """Megatron-Core's DDP: grads reduced in fp32; with ``overlap_grad_reduce`` the reduce of each bucket
+    of ``bucket_size`` parameters starts in the backward pass as soon as its grads are ready, and with
+    ``overlap_param_gather`` (distributed optimizer only) the updated weights are all-gathered bucket by
+    bucket in the next forward pass instead of right after the optimizer step."""
+    return DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=parallelism.overlap_grad_reduce,
+        overlap_param_gather=parallelism.overlap_param_gather,
+        bucket_size=parallelism.bucket_size,
+        use_distributed_optimizer=parallelism.distributed_optimizer,
+    )
+
+
+def to_optimizer_config(training: TrainingConfig, parallelism: ParallelismConfig) -> OptimizerConfig:
+    """Megatron's Adam (decoupled weight decay) with grad clipping; distributed (ZeRO-1) if asked.
+
+    fp16 uses Megatron's dynamic loss scaler (``loss_scale=None``): an overflowing step is skipped and the
+    scale halved (after ``hysteresis`` overflows), then grown again every ``loss_scale_window`` clean steps.
+    """
+    return OptimizerConfig(
+        optimizer="adam",
+        lr=training.lr,
+        min_lr=training.min_lr,
+        weight_decay=training.weight_decay,
+        adam_beta1=training.adam_beta1,
+        adam_beta2=training.adam_beta2,
+        adam_eps=1e-8,
+        clip_grad=training.clip_grad,
+        bf16=training.precision == "bf16",
+        fp16=training.precision == "fp16",
+        params_dtype=params_dtype(training),
+        loss_scale=None,  # dynamic
+        initial_loss_scale=training.initial_loss_scale,
+        min_loss_scale=1.0,
+        loss_scale_window=training.loss_scale_window,
+        hysteresis=training.hysteresis,
+        use_distributed_optimizer=parallelism.distributed_optimizer,
+        overlap_param_gather=parallelism.overlap_param_gather,  # the same value as the DDP config's (Megatron)
+    )
+
+
+def init_tp_comm_overlap(model: ModelConfig, parallelism: ParallelismConfig, training: TrainingConfig) -> None:
+    """TransformerEngine's userbuffers for ``parallelism.tp_comm_overlap``, before the model is built, as
+    Megatron-LM's ``_initialize_tp_communicators`` does (TE >= 1.9, default buffer configs)."""
+    from transformer_engine.pytorch import module as te_module
+
+    shape = [model.seq_length * training.micro_batch_size // parallelism.cp, model.hidden_size]
+    te_module.base.initialize_ub(shape=shape, tp_size=parallelism.tp, use_fp8=training.precision == "fp8",
+                                 dtype=params_dtype(training))
 
 
 def fused_softmax_available() -> bool:

@@ -25,15 +25,14 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
-from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
+from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
-from launch.config import Job, TrainingConfig
+from launch.config import Job, ParallelismConfig, TrainingConfig
 from train import nan_guard
 from train.data import SampleSource, step_batches
-from train.megatron_model import params_dtype
 
 
 class InjectedFailure(RuntimeError):
@@ -108,41 +107,31 @@ def seed_step(seed: int, step: int) -> None:
     tensor_parallel.model_parallel_cuda_manual_seed(s)
 
 
-def wrap_ddp(chunks: List[torch.nn.Module], config: Any, distributed_optimizer: bool) -> List[DistributedDataParallel]:
-    """Megatron DDP around each chunk; grads reduced in fp32; bucketing only on chunk 0 (as Megatron-LM)."""
-    ddp_config = DistributedDataParallelConfig(
-        grad_reduce_in_fp32=True,
-        overlap_grad_reduce=False,
-        use_distributed_optimizer=distributed_optimizer,
-    )
+def wrap_ddp(chunks: List[torch.nn.Module], config: Any, parallelism: ParallelismConfig) -> List[DistributedDataParallel]:
+    """Megatron DDP around each chunk (:func:`train.megatron_model.to_ddp_config`); bucketing only on
+    chunk 0, and the schedule's sync hooks set as Megatron-LM's ``training.py`` sets them."""
+    from train.megatron_model import to_ddp_config
+
+    ddp_config = to_ddp_config(parallelism)
     wrapped = [
         DistributedDataParallel(config=config, ddp_config=ddp_config, module=c, disable_bucketing=i > 0)
         for i, c in enumerate(chunks)
     ]
     for m in wrapped:
         m.broadcast_params()
-    config.no_sync_func = [m.no_sync for m in wrapped] if len(wrapped) > 1 else wrapped[0].no_sync
+    one = len(wrapped) == 1
+    config.no_sync_func = wrapped[0].no_sync if one else [m.no_sync for m in wrapped]
+    if ddp_config.overlap_grad_reduce:  # the pipeline schedules start each chunk's reduce after its last backward
+        config.grad_sync_func = wrapped[0].start_grad_sync if one else [m.start_grad_sync for m in wrapped]
     config.finalize_model_grads_func = finalize_model_grads
     return wrapped
 
 
-def build_optimizer(training: TrainingConfig, chunks: List[Any], distributed_optimizer: bool) -> Any:
-    """Megatron's Adam (decoupled weight decay), with grad clipping; distributed (ZeRO-1) if asked."""
-    cfg = OptimizerConfig(
-        optimizer="adam",
-        lr=training.lr,
-        min_lr=training.min_lr,
-        weight_decay=training.weight_decay,
-        adam_beta1=training.adam_beta1,
-        adam_beta2=training.adam_beta2,
-        adam_eps=1e-8,
-        clip_grad=training.clip_grad,
-        bf16=training.precision == "bf16",
-        fp16=training.precision == "fp16",
-        params_dtype=params_dtype(training),
-        use_distributed_optimizer=distributed_optimizer,
-    )
-    return get_megatron_optimizer(cfg, chunks)
+def build_optimizer(training: TrainingConfig, chunks: List[Any], parallelism: ParallelismConfig) -> Any:
+    """Megatron's optimizer as :func:`train.megatron_model.to_optimizer_config` configures it."""
+    from train.megatron_model import to_optimizer_config
+
+    return get_megatron_optimizer(to_optimizer_config(training, parallelism), chunks)
 
 
 def build_scheduler(training: TrainingConfig, optimizer: Any, iters: int, gbs: int) -> OptimizerParamScheduler:
@@ -180,11 +169,15 @@ def build_training(job: Job, iters: int, *, cuda: bool, device: torch.device) ->
         from train.cpu_shim import patch_missing_te_symbols  # the MoE router without TE
 
         patch_missing_te_symbols()
+    if p.tp_comm_overlap:
+        if not use_te:  # train.versions refuses it without TE; the job check on cluster.gpu=cpu
+            raise ValueError("parallelism.tp_comm_overlap=true needs TransformerEngine on a GPU")
+        megatron_model.init_tp_comm_overlap(job.model, p, t)
     seed_step(t.seed, 0)
     chunks = megatron_model.build_model_chunks(job.model, config, p.tp, use_te=use_te, device=device)
     megatron_model.init_layout_independent(chunks, job.model, t.seed)
-    chunks = wrap_ddp(chunks, config, p.distributed_optimizer)
-    optimizer = build_optimizer(t, chunks, p.distributed_optimizer)
+    chunks = wrap_ddp(chunks, config, p)
+    optimizer = build_optimizer(t, chunks, p)
     scheduler = build_scheduler(t, optimizer, iters, t.global_batch_size)
     return TrainingParts(chunks, optimizer, scheduler)
 

@@ -11,7 +11,9 @@ software would fail the same way.
 
 ``training.precision=fp8`` is refused the same way: without TransformerEngine (Megatron-Core's
 fp8 path lives in TE's layers) it cannot run, and with TE the translator has no fp8 recipe yet
-(it would otherwise crash in :func:`train.megatron_model.params_dtype` and be requeued).
+(it would otherwise crash in :func:`train.megatron_model.params_dtype` and be requeued). It is
+never downgraded to bf16. ``parallelism.tp_comm_overlap`` without TransformerEngine too: the
+overlap lives in TE's userbuffers.
 
 Pre-releases and local builds count as their release number: NGC images ship torch as
 ``2.x.0a0+<git hash>``, which is that release's code, and PEP 440 would otherwise order it
@@ -101,7 +103,7 @@ def have_transformer_engine() -> bool:
     return True
 
 
-def refusal(precision: str = "", **probes: Callable) -> Optional[str]:
+def refusal(precision: str = "", tp_comm_overlap: bool = False, **probes: Callable) -> Optional[str]:
     """The one-line refusal, or None when this rank's software can run the job."""
     have_te = probes.pop("have_te", have_transformer_engine)
     wrong, found = problems(**probes)
@@ -115,6 +117,10 @@ def refusal(precision: str = "", **probes: Callable) -> Optional[str]:
         return (f"slurmtron: refusing to start: training.precision=fp8 needs TransformerEngine, which is "
                 f"not importable here (found {seen}); fix: training.precision=bf16, or an image with "
                 f"TransformerEngine")
+    if tp_comm_overlap and not have_te():
+        return (f"slurmtron: refusing to start: parallelism.tp_comm_overlap=true needs TransformerEngine's "
+                f"userbuffers, which are not importable here (found {seen}); fix: parallelism.tp_comm_overlap=false, "
+                f"or an image with TransformerEngine")
     if precision == "fp8":  # TE is there, but the translator has no fp8 recipe (never run on hardware)
         return (f"slurmtron: refusing to start: training.precision=fp8 is not supported by this worker yet "
                 f"(TransformerEngine is importable; found {seen}); fix: training.precision=bf16")
@@ -130,10 +136,10 @@ def _rank(env: Mapping[str, str]) -> int:
         return 0
 
 
-def refuse_unsupported(run_dir: Path, env: Mapping[str, str], precision: str = "", *,
+def refuse_unsupported(run_dir: Path, env: Mapping[str, str], precision: str = "", *, tp_comm_overlap: bool = False,
                        out=None, **probes: Callable) -> Optional[int]:
     """None to go on; else print the refusal, record it (rank 0) and return the exit code."""
-    line = refusal(precision, **probes)
+    line = refusal(precision, tp_comm_overlap, **probes)
     if line is None:
         return None
     from launch.paths import RunPaths

@@ -58,6 +58,9 @@ def param_digest(chunks: list) -> str:
     """SHA-256 over this rank's parameters (names and bytes), for replica-equality tests."""
     import hashlib
 
+    from train.megatron_ckpt import sync_params
+
+    sync_params(chunks)  # the weights as the last step left them, also with overlap_param_gather
     h = hashlib.sha256()
     for chunk in chunks:
         for name, p in getattr(chunk, "module", chunk).named_parameters():
@@ -86,7 +89,8 @@ def main(argv: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = No
     job = load_job(RunPaths.of(argv[0]).config)
     paths = job.paths_at(argv[0])
     from train.versions import refuse_unsupported  # before anything imports torch or megatron
-    if (refused := refuse_unsupported(paths.run_dir, env, job.training.precision)) is not None:
+    if (refused := refuse_unsupported(paths.run_dir, env, job.training.precision,
+                                      tp_comm_overlap=job.parallelism.tp_comm_overlap)) is not None:
         return refused
     denv = dist_env.from_env(env)
     restart = restart_count_from_env(env)
