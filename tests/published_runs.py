@@ -43,11 +43,12 @@ class Published:
     value: float
     flops: str = "model"  # for tflops rows: "paper" or "model" (see the module docstring)
     assumed: str = ""
+    framework: str = "megatron-core"  # whose memory behaviour (launch.planner.memory.FRAMEWORKS)
 
     def estimate(self) -> float:
         """The planner's value of this row's metric (same units as ``value``)."""
         if self.metric == "memory_gib":
-            return worst_stage(self.job).total
+            return worst_stage(self.job, framework=self.framework).total
         st = step_time(self.job)
         if self.metric == "step_s":
             return st.step_time_s
@@ -246,7 +247,8 @@ def bloom() -> list[Published]:
     return [Published("BigScience 2022 (BLOOM)", cite, "176B tp4 pp12 dp8 mbs2", 176, job, "tflops", 150,
                       flops="paper", assumed=assumed),
             Published("BigScience 2022 (BLOOM)", cite, "176B tp4 pp12 dp8 mbs2 memory", 176, job, "memory_gib",
-                      60 * 1e9 / 2**30, assumed=assumed + "; '60 GB' read as 10^9 bytes")]
+                      60 * 1e9 / 2**30, assumed=assumed + "; '60 GB' read as 10^9 bytes",
+                      framework="deepspeed-bf16")]
 
 
 # --- 6. torchtitan (PyTorch), docs/performance.md, Tables 1 and 3: measured memory with FSDP ------------------
@@ -259,7 +261,8 @@ def torchtitan() -> list[Published]:
                    distributed_optimizer=True, sharding="full")
         out.append(Published("torchtitan (FSDP)", f"pytorch/torchtitan docs/performance.md, {table}",
                              f"8B FSDP{gpus} mbs2 memory", 8, job, "memory_gib", mem,
-                             assumed="torchtitan's per-op selective checkpointing modelled as Megatron's selective"))
+                             assumed="selective_ac_option 'op' (the 8B preset's), FSDP2 with fp32 sharded "
+                                     "parameters", framework="torchtitan"))
     return out
 
 

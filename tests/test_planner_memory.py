@@ -234,3 +234,22 @@ def test_workspace_scales_with_the_model_and_the_kernels():
     fused = worst_stage(compose_job(["model=1.3b", "cluster=lustre", "model.attention_backend=fused"]))
     unfused = worst_stage(compose_job(["model=1.3b", "cluster=lustre", "model.attention_backend=unfused"]))
     assert dict(unfused.workspace_terms)["transient"] > dict(fused.workspace_terms)["transient"]
+
+
+def test_other_frameworks_memory_behaviour_is_selectable_for_reading_their_measurements():
+    """DeepSpeed's bf16 optimizer keeps the bf16 .grad beside the fp32 accumulation (6 bytes per parameter);
+    torchtitan's per-op selective checkpointing keeps the layer input, every other matmul output and the
+    attention output; an unknown framework is an error, not a silent default."""
+    j = job(nodes=64, tp=8, pp=8)
+    mc, ds = stage_memory(j, stages=[1])[0], stage_memory(j, stages=[1], framework="deepspeed-bf16")[0]
+    assert ds.grads == pytest.approx(mc.grads * 6 / 4) and ds.weights == mc.weights and ds.optimizer == mc.optimizer
+    m = ModelConfig(name="l", num_layers=4, hidden_size=H, ffn_hidden_size=3 * H, num_attention_heads=A,
+                    num_query_groups=8, seq_length=S, vocab_size=32000)
+    sel = job(model=m, nodes=1, gbs=8, recompute="selective")
+    tokens = B * S
+    sh = shape_of(m, 1)
+    per_op = layer_activation_bytes(sh, sel, framework="torchtitan") / tokens
+    assert per_op == pytest.approx(2 * H + 2 * sh.q + 2 * sh.kv + 2 * sh.ffn + 2 * H + 2 * sh.q)
+    assert per_op < layer_activation_bytes(sh, sel) / tokens
+    with pytest.raises(ValueError, match="framework"):
+        stage_memory(j, framework="jax")

@@ -13,6 +13,7 @@ import pytest
 
 from launch.check import layout_problems
 from launch.planner import memory_problems
+from launch.planner.memory import worst_stage
 from launch.planner.accuracy import MEMORY_OVER, MEMORY_UNDER, STEP_TIME_MEDIAN, STEP_TIME_WORST
 from published_runs import all_rows, summary
 
@@ -28,10 +29,9 @@ MISSES = {  # (source, kind, statistic) -> why the planner misses the target the
                                                     "tp8 pp1 dp48 row (4 microbatches per replica) is +38%: its "
                                                     "17 GB of fp32 gradients per GPU on one NIC cannot hide behind "
                                                     "one microbatch's backward in the planner's model",
-    ("BigScience 2022 (BLOOM)", "memory", "worst"): "DeepSpeed's bf16 optimizer keeps bf16 and fp32 gradient copies "
-                                           "Megatron-Core does not, and '60 GB' is a rounded figure: -26%",
-    ("torchtitan (FSDP)", "memory", "worst"): "torchtitan's per-op selective checkpointing keeps about half of what "
-                                     "Megatron's selective recompute keeps: +31% / +38%",
+    ("BigScience 2022 (BLOOM)", "memory", "worst"): "-13% with DeepSpeed's bf16 optimizer modelled (its bf16 and fp32 "
+                                                    "gradients); the rest is not explained by a documented difference "
+                                                    "('60 GB' is a rounded figure of the model card)",
 }
 
 
@@ -78,7 +78,11 @@ def test_the_stated_error_bars_cover_every_validation_row():
     changes so that a row leaves that band, this fails and the band (and its text) must be revisited."""
     errors = [r.error() for r in ROWS if r.metric == "memory_gib"]
     assert -MEMORY_UNDER <= min(errors) and max(errors) <= MEMORY_OVER
-    assert max(errors) > MEMORY_OVER - 0.05 and min(errors) < -MEMORY_UNDER + 0.05  # and are not loose either
+    assert min(errors) < -MEMORY_UNDER + 0.05  # and the lower bar is not loose either
+    # the upper bar is set by the trained layouts without a published peak: none beyond it, the largest close to it
+    over = [worst_stage(r.job).total / r.job.cluster.gpu_memory_gb - 1 for r in ROWS
+            if r.metric != "memory_gib" and r.params_b >= 1]
+    assert MEMORY_OVER - 0.10 < max(over) <= MEMORY_OVER
     speed = [abs(r.error()) for r in ROWS if r.metric != "memory_gib" and r.params_b >= 1
              and (r.source, "speed", "worst") not in MISSES]
     assert max(speed) <= STEP_TIME_WORST

@@ -51,6 +51,20 @@ Accounting (bytes; GiB = 2**30 in every report, and ``cluster.gpu_memory_gb`` is
     allocated and freed per step (activations, the transient set and the logits).
   This is what made a fixed 3 GiB wrong both ways: +30% and more for small models, too little for
   long sequences.
+* **Framework** (``framework=``, a planner argument for reading other frameworks' published
+  measurements; a slurmtron job is always ``megatron-core``), :data:`FRAMEWORKS`:
+  - ``deepspeed-bf16``: DeepSpeed's ``BF16_Optimizer`` (deepspeed/runtime/bf16_optimizer.py, the
+    optimizer BLOOM trained with) accumulates into an fp32 gradient buffer for every parameter of the
+    rank (``fp32_groups_gradients_flat``) and leaves the bf16 ``.grad`` of each parameter allocated
+    (``clear_lp_grads=False``): 2 + 4 gradient bytes per parameter instead of Megatron's 4.
+  - ``torchtitan``: FSDP2 keeps the sharded parameters in fp32 (4 bytes, the optimizer updates them
+    in place: 8 bytes of Adam moments, no separate main copy), and ``recompute="selective"`` is its
+    per-op policy (``selective_ac_option = 'op'``: torchtitan's ``_apply_ac_to_transformer_block``
+    saves the outputs of the ops in its save list, every other ``mm`` and the attention, and
+    recomputes the rest): per token a layer keeps its input (2h), the outputs of the 1st, 3rd, 5th
+    and 7th matmul (wq 2q, wv 2kv, w1 2f, w2 2h) and the attention output (2q). Its loss casts the
+    bf16 logits to fp32 (``pred.float()`` before ``cross_entropy``): bf16 logits, their fp32 copy and
+    the fp32 log-softmax live together, 10 bytes per logit instead of Megatron's fused 4.
 
 Login-node codeLogin-node code: no torch, no megatron.
 """
@@ -68,6 +82,8 @@ CUDA_CONTEXT_GIB = 0.75  # CUDA context + kernel images (torch, cuBLAS/cuDNN, Tr
 NCCL_COMM_GIB = 0.125  # per NCCL communicator: 4 MiB buffers x 2 directions x 16 channels
 ALLOCATOR_SLACK = 0.08  # caching-allocator fragmentation, as a fraction of the per-step dynamic memory
 FSDP_GATHERED_LAYERS = 2  # full sharding: layers whose weights are gathered at once (current + prefetch)
+FRAMEWORKS = ("megatron-core", "deepspeed-bf16", "torchtitan")  # whose memory behaviour (module docstring)
+LOGIT_BYTES = {"megatron-core": 4.0, "deepspeed-bf16": 4.0, "torchtitan": 10.0}  # per logit at the loss
 
 
 @dataclass(frozen=True)
@@ -98,10 +114,12 @@ class StageMemory:
         return d
 
 
-def bytes_per_param(precision: str) -> tuple[float, float, float]:
+def bytes_per_param(precision: str, framework: str = "megatron-core") -> tuple[float, float, float]:
     """(weights, grads, optimizer state) bytes per parameter before any sharding."""
-    if precision == "fp32":
+    if precision == "fp32" or framework == "torchtitan":
         return 4.0, 4.0, 8.0
+    if framework == "deepspeed-bf16":
+        return 2.0, 6.0, 12.0
     return 2.0, 4.0, 12.0
 
 
@@ -110,7 +128,8 @@ def attention_of(job: Job, attention: str | None = None) -> str:
     return str(getattr(attention or job.model.attention_backend, "value", attention or job.model.attention_backend))
 
 
-def layer_activation_bytes(shape: Shape, job: Job, attention: str | None = None, stored: bool = True) -> float:
+def layer_activation_bytes(shape: Shape, job: Job, attention: str | None = None, stored: bool = True,
+                           framework: str = "megatron-core") -> float:
     """Bytes one transformer layer keeps for one microbatch (Korthikanti's Table 2, generalised).
 
     ``attention="fused"`` (TransformerEngine's flash/fused attention, Megatron-Core's default on
@@ -131,6 +150,9 @@ def layer_activation_bytes(shape: Shape, job: Job, attention: str | None = None,
     if attention == "unfused" and cp == 1 and (p.recompute == "none" or not stored):
         sharded += 5 * shape.heads * shape.seq
     replicated = 10 * shape.h
+    if framework == "torchtitan" and stored and p.recompute == "selective" and not shape.num_experts:
+        sharded = 2 * shape.q + 2 * shape.kv + 2 * shape.ffn + 2 * shape.h + 2 * shape.q  # per-op policy
+        replicated = 2 * shape.h  # the layer's input
     if p.sequence_parallel:
         replicated /= tp
     working = tokens * (replicated + sharded / tp)
@@ -182,8 +204,10 @@ def communicators(job: Job) -> int:
 
 
 def stage_memory(job: Job, shape: Shape | None = None, attention: str | None = None,
-                 stages: list[int] | None = None) -> list[StageMemory]:
+                 stages: list[int] | None = None, framework: str = "megatron-core") -> list[StageMemory]:
     """Memory of each pipeline stage in ``stages`` (all by default; see the module docstring)."""
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"framework {framework!r} is not one of {FRAMEWORKS}")
     p = job.parallelism
     attention = attention_of(job, attention)
     on_gpu = job.cluster.gpu != "cpu"
@@ -191,7 +215,8 @@ def stage_memory(job: Job, shape: Shape | None = None, attention: str | None = N
     shape = shape or shape_of(job.model, p.tp)
     tp, pp, cp, ep = p.tp or 1, p.pp or 1, p.cp or 1, p.ep or 1
     dp = job.world_size // (tp * pp * cp) or 1
-    w_b, g_b, o_b = bytes_per_param(job.training.precision)
+    w_b, g_b, o_b = bytes_per_param(job.training.precision, framework)
+    gathered_b = 2.0 if framework == "torchtitan" and job.training.precision != "fp32" else w_b  # bf16 all-gather
     shard = dp * cp if (p.distributed_optimizer or fsdp) else 1
     expert_shard = max(1.0, dp * cp / ep) if (p.distributed_optimizer or fsdp) else 1.0
     state_shard, expert_state_shard = (shard, expert_shard) if fsdp else (1, 1.0)
@@ -199,7 +224,7 @@ def stage_memory(job: Job, shape: Shape | None = None, attention: str | None = N
         + (shape.num_experts / ep) * shape.expert_params / tp
     comm_gib = communicators(job) * NCCL_COMM_GIB
     m = max(1, job.training.global_batch_size // (job.training.micro_batch_size * dp))
-    per_layer_act = layer_activation_bytes(shape, job, attention)
+    per_layer_act = layer_activation_bytes(shape, job, attention, framework=framework)
     working_set = layer_activation_bytes(shape, job, attention, stored=False)  # one layer computing
     full = p.recompute == "full"
     stored_per_layer = layer_checkpoint_bytes(shape, job) if full else per_layer_act
@@ -224,7 +249,7 @@ def stage_memory(job: Job, shape: Shape | None = None, attention: str | None = N
         if k == 0:
             emb_logits += inflight_mb * tokens * (8 + shape.h) / (tp if p.sequence_parallel else 1)
         if k == pp - 1:
-            emb_logits += 4 * tokens * (shape.h + shape.vocab) / tp
+            emb_logits += tokens * (4 * shape.h + LOGIT_BYTES[framework] * shape.vocab) / tp
         terms: tuple = ()
         if on_gpu:
             transient = working_set
@@ -233,7 +258,7 @@ def stage_memory(job: Job, shape: Shape | None = None, attention: str | None = N
         out.append(StageMemory(
             stage=k, layers=layers,
             weights=(dense * w_b / state_shard + experts * w_b / expert_state_shard
-                     + (FSDP_GATHERED_LAYERS * w_b * layer_unsharded if fsdp else 0.0)) / GIB,
+                     + (FSDP_GATHERED_LAYERS * gathered_b * layer_unsharded if fsdp else 0.0)) / GIB,
             grads=(dense * g_b / state_shard + experts * g_b / expert_state_shard
                    + (g_b * layer_unsharded if fsdp else 0.0)) / GIB,
             optimizer=(dense * o_b / shard + experts * o_b / expert_shard) / GIB,
@@ -247,11 +272,12 @@ def stage_memory(job: Job, shape: Shape | None = None, attention: str | None = N
     return out
 
 
-def worst_stage(job: Job, shape: Shape | None = None, attention: str | None = None) -> StageMemory:
+def worst_stage(job: Job, shape: Shape | None = None, attention: str | None = None,
+                framework: str = "megatron-core") -> StageMemory:
     """The stage with the largest total: the one that decides whether the layout fits."""
     p = job.parallelism
     stages = distinct_stages(max(1, p.pp), p.account_for_embedding_in_pipeline_split)
-    return max(stage_memory(job, shape, attention, stages), key=lambda s: s.total)
+    return max(stage_memory(job, shape, attention, stages, framework), key=lambda s: s.total)
 
 
 def format_breakdown(s: StageMemory) -> str:
@@ -321,5 +347,5 @@ def _moe_ffn(job: Job) -> int:
 
 
 
-__all__ = ["GIB", "CUDA_CONTEXT_GIB", "NCCL_COMM_GIB", "ALLOCATOR_SLACK", "attention_of", "communicators", "StageMemory", "stage_memory", "worst_stage", "memory_problems",
+__all__ = ["GIB", "FRAMEWORKS", "CUDA_CONTEXT_GIB", "NCCL_COMM_GIB", "ALLOCATOR_SLACK", "attention_of", "communicators", "StageMemory", "stage_memory", "worst_stage", "memory_problems",
            "format_breakdown", "num_microbatches", "memory_warnings", "layer_activation_bytes", "bytes_per_param"]
