@@ -28,6 +28,10 @@ train_end           step, consumed_samples
 iteration           step, loss, grad_norm, lr (repr of the float: exact), consumed_samples, seconds
                     -- every training.log_interval steps, like the log line
 ==================  ==============================================================
+
+The tracking rank adds ``tracking_unavailable`` (writer, detail: a package missing or failing to start)
+and ``tracking_fallback`` (writer, mode, step, detail: W&B resumed without a rewind, so redone steps may
+show twice there; train/tracking.py).
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from launch.compose import compose_job
-from train.tracking import NAMES, Tracker, open_tracker, wandb_run_id
+from train.tracking import NAMES, Tracker, open_tracker, wandb_resume, wandb_run_id
 
 pytest.importorskip("tensorboard")  # the optional extra [tracking]; the test extra installs it
 
@@ -92,23 +92,76 @@ def test_the_wandb_id_is_made_once(tmp_path):
     assert wandb_run_id(path, lambda: next(ids)) == "first"
 
 
-def test_wandb_offline_two_attempts_share_one_run_id(tmp_path, monkeypatch):
+def wandb_history(offline_run: Path) -> list[dict]:
+    """The history rows of an offline W&B run, read from its transaction log (``run-<id>.wandb``: a LevelDB-style
+    log of W&B's own protobuf records: 7-byte file header, 32 KiB blocks, 7-byte chunk headers)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (path,) = offline_run.glob("*.wandb")
+    data, pos, buf, rows = path.read_bytes(), 7, b"", []
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        left = 32768 - pos % 32768
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if left < 7 or (kind == 0 and length == 0):  # block trailer / padding
+            pos += left
+            continue
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        buf = chunk if kind in (1, 2) else buf + chunk  # FULL/FIRST start a record, MIDDLE/LAST continue it
+        if kind in (1, 4):
+            rec = pb.Record()
+            rec.ParseFromString(buf)
+            if rec.WhichOneof("record_type") == "history":
+                rows.append({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in rec.history.item})
+            buf = b""
+    return rows
+
+
+def test_wandb_offline_two_attempts_share_one_run_id_and_say_once_that_steps_may_repeat(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
     job = _job(tmp_path, "tracking.wandb=true", "tracking.tensorboard=false")
     paths = job.paths_at(tmp_path / "run")
     paths.run_dir.mkdir(parents=True)
     warned: list = []
-    for resumed, steps in ((0, range(1, 6)), (3, range(4, 9))):
-        tr = open_tracker(job, paths, resumed_step=resumed, warn=warned.append)
+    events: list = []
+    for resumed, steps in ((0, range(1, 6)), (3, range(4, 9))):  # the second attempt redoes 4, 5 from step 3
+        tr = open_tracker(job, paths, resumed_step=resumed, warn=warned.append,
+                          emit=lambda kind, **f: events.append((kind, f)))
         assert len(tr.writers) == 1, warned
+        tr.text(resumed + 1, f"attempt starts at step {resumed + 1}")
         for step in steps:
             tr.scalars(step, {"loss": 5.0 - step / 10})
         tr.close()
     run_id = paths.wandb_id.read_text().strip()
-    runs = sorted((paths.run_dir / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and all(r.name.endswith(f"-{run_id}") for r in runs)
+    runs = sorted((paths.run_dir / "wandb").glob("offline-run-*"))  # offline-run-<time>-<id>[-<n>]
+    assert len(runs) == 2 and all((r / f"run-{run_id}.wandb").is_file() for r in runs)
     assert any("wandb sync" in w for w in warned)
+    assert not [w for w in warned if "failed" in w]  # every attempt logged and finished its W&B run
+    # W&B's step is the iteration, in each attempt's transaction log
+    for run, steps in zip(runs, (range(1, 6), range(4, 9))):
+        rows = [r for r in wandb_history(run) if NAMES["loss"] in r]
+        assert [r["_step"] for r in rows] == list(steps)
+        assert [r[NAMES["loss"]] for r in rows] == pytest.approx([5.0 - s / 10 for s in steps])
+    # offline cannot rewind: the resumed attempt (only) says so once, as a WARNING line and an event
+    repeats = [w for w in warned if "may appear twice" in w]
+    assert len(repeats) == 1 and repeats[0].startswith("WARNING: tracking.wandb") and "TensorBoard" in repeats[0]
+    assert [(k, f["step"], f["mode"]) for k, f in events if k == "tracking_fallback"] == [("tracking_fallback", 3,
+                                                                                           "offline")]
+
+
+def test_an_online_resume_rewinds_the_w_and_b_run_to_the_checkpoint_step():
+    wandb = pytest.importorskip("wandb")
+    assert wandb_resume("abc", "online", 0) == ({"id": "abc", "resume": "allow"}, "")
+    how, repeats = wandb_resume("abc", "online", 40)
+    assert how == {"id": "abc", "resume_from": "abc?_step=40"} and repeats == ""
+    # W&B's own settings accept exactly this (resume_from and resume are exclusive; the ids must agree)
+    settings = wandb.Settings(run_id=how["id"], resume_from=how["resume_from"])
+    assert (settings.resume_from.run, settings.resume_from.value, settings.resume_from.metric) == ("abc", 40, "_step")
+    how, repeats = wandb_resume("abc", "offline", 40)
+    assert how == {"id": "abc", "resume": "allow"} and "may appear twice" in repeats
 
 
 def test_the_validation_block_is_megatrons_and_the_analysis_reads_it():

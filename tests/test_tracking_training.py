@@ -2,8 +2,11 @@
 read back with TensorBoard's own ``EventAccumulator``, one point per step, no duplicates."""
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from test_tracking import wandb_history
 from trainutil import train
 
 pytestmark = pytest.mark.training
@@ -41,7 +44,18 @@ def test_tensorboard_and_wandb_continue_across_a_restart(tmp_path, monkeypatch):
 
     run_id = (run / "wandb_id").read_text().strip()
     offline = sorted((run / "wandb").glob("offline-run-*"))
-    assert len(offline) == 2 and all(d.name.endswith(f"-{run_id}") for d in offline)
+    assert len(offline) == 2 and all((d / f"run-{run_id}.wandb").is_file() for d in offline)
+    # W&B's step is the iteration; offline, the resumed attempt cannot rewind: it re-logs 5, 6 and says so once
+    for d, attempt, steps in ((offline[0], first, range(1, 7)), (offline[1], second, range(5, ITERS + 1))):
+        rows = [r for r in wandb_history(d) if "lm loss" in r]
+        assert [r["_step"] for r in rows] == list(steps)
+        assert [round(r["lm loss"], 5) for r in rows] == [round(attempt.losses[s], 5) for s in steps]
+    events = [json.loads(ln) for ln in (run / "events.jsonl").read_text().splitlines()]
+    fallback = [e for e in events if e["event"] == "tracking_fallback"]
+    assert len(fallback) == 1 and fallback[0]["step"] == 4 and fallback[0]["mode"] == "offline"
+    logs = "".join(p.read_text(errors="replace") for p in sorted((run / "logs").glob("*.out")))
+    assert logs.count("WARNING: tracking.wandb: W&B offline mode cannot rewind") == 1
+    assert "failed on" not in logs  # every writer call (and W&B's finish) succeeded
 
 
 def test_validation_loss_falls_on_the_indexed_dataset_and_reaches_the_report(tmp_path):

@@ -14,6 +14,14 @@ resumed checkpoint's step + 1), so the steps a failed attempt ran past its last 
 hidden when the same steps are logged again: one point per step, in order. W&B: the run id is
 kept in ``<run_dir>/wandb_id`` so every attempt resumes the same W&B run (offline by default:
 clusters often have no internet; ``wandb sync <run_dir>/wandb/offline-run-*`` uploads it later).
+W&B's step is the iteration. An online attempt that resumes from a checkpoint rewinds the W&B run
+to that step (``wandb.init(resume_from="<id>?_step=<k>")``), so the redone steps replace the lost
+ones; if W&B refuses the rewind (a preview feature: not enabled for every account) the attempt
+resumes the run plainly, with a WARNING line and a ``tracking_fallback`` event. An offline attempt
+cannot rewind reliably (the rewind is applied by the server at ``wandb sync`` time, after the earlier
+attempts' uploads, and only where the preview is enabled), so it resumes plainly and says once,
+with a WARNING line and the event, that redone steps may appear twice in W&B: TensorBoard is the
+de-duplicated view.
 
 Neither package is needed for training: a missing one is one WARNING line and a
 ``tracking_unavailable`` event, and training goes on (``pip install 'slurmtron[tracking]'``).
@@ -96,28 +104,65 @@ def wandb_run_id(path: Path, new_id: Callable[[], str] = lambda: uuid.uuid4().he
     return path.read_text().strip()
 
 
-class WandbWriter:
-    """One W&B run per slurmtron run, resumed by every attempt (id in ``<run_dir>/wandb_id``)."""
+def wandb_resume(run_id: str, mode: str, resumed_step: int) -> tuple[dict, str]:
+    """How an attempt opens the run's W&B run: ``wandb.init`` keyword arguments, and why steps may repeat
+    ('' when they cannot).
 
-    def __init__(self, job: Job, paths: RunPaths, *, mode: str, project: str, entity: str = "") -> None:
+    Fresh run: resume the id if it exists. Online resume from step k: rewind the run to k, dropping
+    the points a failed attempt logged past its checkpoint. Offline resume: plain resume (see the module
+    docstring for why offline cannot rewind).
+    """
+    if resumed_step <= 0:
+        return {"id": run_id, "resume": "allow"}, ""
+    if mode == "online":
+        return {"id": run_id, "resume_from": f"{run_id}?_step={resumed_step}"}, ""
+    return {"id": run_id, "resume": "allow"}, (
+        f"W&B {mode} mode cannot rewind run {run_id} to the resumed step {resumed_step}: steps after it that an "
+        "earlier attempt logged may appear twice in W&B once synced; TensorBoard (runs/NAME/tensorboard) is the "
+        "de-duplicated view")
+
+
+class WandbWriter:
+    """One W&B run per slurmtron run, resumed (online: rewound) by every attempt (id in ``<run_dir>/wandb_id``).
+
+    W&B's step is the iteration (monotonic within an attempt, which a rewind needs); an event text logged
+    for an earlier step than the last one goes to the last one (W&B drops a step that goes back).
+    """
+
+    def __init__(self, job: Job, paths: RunPaths, *, mode: str, project: str, entity: str = "",
+                 resumed_step: int = 0, warn: Callable[[str], None] = print,
+                 emit: Callable[..., Any] = lambda *a, **k: None) -> None:
         import wandb
 
         self.wandb = wandb
         self.run_id = wandb_run_id(paths.wandb_id)
-        self.run = wandb.init(id=self.run_id, resume="allow", mode=mode, project=project, entity=entity or None,
-                              name=job.run.name, dir=str(paths.run_dir), config=asdict(job),
-                              settings=wandb.Settings(silent=True, console="off"))
-        self.run.define_metric("iteration")
-        self.run.define_metric("*", step_metric="iteration")
+        self._step = resumed_step + 1  # the first step this attempt logs
+        common = dict(mode=mode, project=project, entity=entity or None, name=job.run.name,
+                      dir=str(paths.run_dir), config=asdict(job), settings=wandb.Settings(silent=True, console="off"))
+        how, repeats = wandb_resume(self.run_id, mode, resumed_step)
+        try:
+            self.run = wandb.init(**how, **common)
+        except Exception as exc:  # the rewind refused (preview not enabled, run not on the server): resume plainly
+            if "resume_from" not in how:
+                raise
+            repeats = (f"W&B refused to rewind run {self.run_id} to step {resumed_step} ({type(exc).__name__}: "
+                       f"{str(exc).splitlines()[0] if str(exc) else ''}); resumed it without a rewind: steps after "
+                       "it that an earlier attempt logged appear twice in W&B; TensorBoard is the de-duplicated view")
+            self.run = wandb.init(id=self.run_id, resume="allow", **common)
+        if repeats:
+            warn(f"WARNING: tracking.wandb: {repeats}")
+            emit("tracking_fallback", writer="wandb", mode=mode, step=resumed_step, detail=repeats)
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
-        self.run.log({"iteration": step, **{NAMES.get(k, k): v for k, v in values.items()}})
+        self._step = max(self._step, step)
+        self.run.log({NAMES.get(k, k): v for k, v in values.items()}, step=step)
 
     def text(self, step: int, text: str) -> None:
-        self.run.log({"iteration": step, "events": text})
+        self._step = max(self._step, step)
+        self.run.log({"events": text}, step=self._step)
 
     def close(self) -> None:
-        self.run.finish(quiet=True)
+        self.run.finish()
 
 
 class Tracker:
@@ -179,7 +224,8 @@ def open_tracker(job: Job, paths: RunPaths, *, resumed_step: int, warn: Callable
             emit("tracking_unavailable", writer="tensorboard", detail=str(exc))
     if t.wandb:
         try:
-            w = WandbWriter(job, paths, mode=t.wandb_mode, project=t.wandb_project, entity=t.wandb_entity)
+            w = WandbWriter(job, paths, mode=t.wandb_mode, project=t.wandb_project, entity=t.wandb_entity,
+                            resumed_step=resumed_step, warn=warn, emit=emit)
             writers.append(w)
             if t.wandb_mode == "offline":
                 warn(f"W&B offline run {w.run_id}: upload with  wandb sync {paths.run_dir}/wandb/offline-run-*")
