@@ -318,7 +318,7 @@ def mcore_gpt(layers: int, hidden: int, heads: int) -> ModelConfig:
 def _mcore_job(layers: int, hidden: int, heads: int, tp: int, pp: int, gpus: int, batch: int) -> Job:
     return _job(mcore_gpt(layers, hidden, heads), dgx_h100(gpus // 8), batch, tp=tp, pp=pp,
                 vpp=layers // pp if pp > 1 else None, sequence_parallel=tp > 1, recompute="none",
-                distributed_optimizer=True, overlap_grad_reduce=True)
+                distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True, tp_comm_overlap=tp > 1)
 
 
 def megatron_core_h100() -> list[Published]:

@@ -99,11 +99,16 @@ def test_mfu_falls_with_data_parallel_scale_for_named_reasons():
     assert straggler_factor(large.cluster, large.world_size) > straggler_factor(small.cluster, small.world_size)
 
 
-def test_overlap_hides_the_data_parallel_reduce_behind_the_backward():
+def test_overlap_hides_the_data_parallel_reduce_behind_the_backward_and_the_gather_behind_the_forward():
     j = _job("cluster.nodes=64")
-    exposed = step_time(j)
-    hidden = step_time(dataclasses.replace(j, parallelism=dataclasses.replace(j.parallelism, overlap_grad_reduce=True)))
-    assert 0 < hidden.dp_comm_s < exposed.dp_comm_s
+
+    def dp(**kw):
+        return step_time(dataclasses.replace(j, parallelism=dataclasses.replace(j.parallelism, **kw))).dp_comm_s
+    exposed, reduce_hidden = dp(), dp(overlap_grad_reduce=True)
+    both_hidden = dp(overlap_grad_reduce=True, overlap_param_gather=True)
+    assert 0 < both_hidden < reduce_hidden < exposed
+    # smaller buckets: more of the reduce overlaps (only the last bucket is always exposed), more latency each
+    assert dp(overlap_grad_reduce=True, bucket_size=10_000_000) != reduce_hidden
 
 
 def test_fused_attention_runs_the_scores_below_the_gemm_rate_and_unfused_pays_hbm():

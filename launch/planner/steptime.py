@@ -18,7 +18,10 @@ model. Every term is per GPU and per optimizer step:
   more when the forward is recomputed), each ``2(tp-1)/tp * b*s*h*2`` bytes at
   ``cluster.nvlink_bandwidth_gbs`` (InfiniBand when tp leaves the node) plus ``2(tp-1)`` hops of
   latency. With sequence parallelism they become all-gather + reduce-scatter pairs of the same
-  volume and hops. Not overlapped.
+  volume and hops. Counted exposed, also with ``parallelism.tp_comm_overlap`` (TransformerEngine's
+  userbuffers): crediting it as hidden behind the layer's GEMMs made Megatron-Core's published H100
+  runs, which used it, 10-17% too fast (benchmarks/RESULTS.md), so the planner does not assume a
+  saving no measurement here supports.
 * **Pipeline**: ``(m + (pp-1)/vpp) * t_stage``: the bubble fraction (pp-1)/(m*vpp) of
   Narayanan et al. 2021, with the slowest stage setting t_stage; plus the point-to-point
   activation sends (2 per chunk and microbatch) at the inter-stage bandwidth, each with one hop
@@ -36,9 +39,11 @@ model. Every term is per GPU and per optimizer step:
   at the bandwidth; an all-reduce takes the faster of the ring and the double binary tree
   (``2 log2 n`` hops), as NCCL does. Across nodes the bandwidth is that of the NICs the group has
   in each node (:func:`_bw`: a dp group with tp=1 has 8 members and 8 NICs per node, with tp=8
-  one). With ``parallelism.overlap_grad_reduce`` the reduce hides
-  behind the last microbatch's backward and the gather behind the next forward, except the last
-  bucket; without it (what the worker runs today) all of it is exposed.
+  one). With ``parallelism.overlap_grad_reduce`` the reduce hides behind the last microbatch's
+  backward (Megatron-Core marks gradients ready only in the last microbatch), with
+  ``overlap_param_gather`` the gather behind the next step's first forward (dispatched from the
+  forward pre-hooks), except the last bucket each; without them all of it is exposed.
+  ``parallelism.bucket_size`` replaces the default bucket when set.
 * **Full sharding** (``parallelism.sharding=full``, ZeRO-3/FSDP): every microbatch gathers the
   stage's weights for the forward and again for the backward and reduce-scatters its gradients;
   exposed beyond the microbatch's compute with overlap, all of it without.
@@ -188,9 +193,10 @@ def straggler_factor(cluster, ranks: int) -> float:
     return 1.0 + max(0.0, cluster.step_jitter) * math.sqrt(2 * math.log(max(1, ranks)))
 
 
-def dp_bucket_params(dp_group: int) -> float:
-    """Megatron-Core DDP's gradient bucket: max(40M, 1M x dp) parameters (``DistributedDataParallelConfig``)."""
-    return max(40e6, 1e6 * dp_group)
+def dp_bucket_params(dp_group: int, bucket_size: int | None = None) -> float:
+    """Megatron-Core DDP's gradient bucket: ``parallelism.bucket_size`` parameters when set, else
+    Megatron-LM's default max(40M, 1M x dp) (``DistributedDataParallelConfig.bucket_size``)."""
+    return float(bucket_size) if bucket_size else max(40e6, 1e6 * dp_group)
 
 
 def step_time(job: Job, shape: Shape | None = None, flops: dict | None = None, attention: str | None = None,
@@ -260,7 +266,7 @@ def step_time(job: Job, shape: Shape | None = None, flops: dict | None = None, a
     fsdp_mb = 0.0  # FSDP: per microbatch, gather the weights for forward and backward, reduce-scatter grads
     if fsdp and dp_group > 1:
         bw, a = _bw(c, tp * dp_group, stride=tp), _alpha(c, tp * dp_group)
-        buckets = max(1.0, math.ceil(stage_params / dp_bucket_params(dp_group)))
+        buckets = max(1.0, math.ceil(stage_params / dp_bucket_params(dp_group, p.bucket_size)))
         fsdp_mb = (2 * collective_s("all_gather", weight_b * stage_params, dp_group, bw, a)
                    + collective_s("reduce_scatter", 4 * stage_params, dp_group, bw, a)
                    + 3 * (buckets - 1) * (dp_group - 1) * a)
@@ -278,12 +284,12 @@ def step_time(job: Job, shape: Shape | None = None, flops: dict | None = None, a
     stragglers = straggler_factor(c, job.world_size)
     pipeline = (m + bubble_mb) * t_stage * stragglers
 
-    # Data parallel (ZeRO-1 / plain DDP): once per step, bucket by bucket; overlapped with the last
-    # microbatch's backward (and the gather with the next forward) only where overlap is enabled.
+    # Data parallel (ZeRO-1 / plain DDP): once per step, bucket by bucket; the reduce overlapped with the last
+    # microbatch's backward (overlap_grad_reduce), the gather with the next first forward (overlap_param_gather).
     dp_exposed = 0.0
     if dp_group > 1 and not fsdp:
         bw, a = _bw(c, tp * dp_group, stride=tp), _alpha(c, tp * dp_group)
-        buckets = max(1.0, math.ceil(stage_params / dp_bucket_params(dp_group)))
+        buckets = max(1.0, math.ceil(stage_params / dp_bucket_params(dp_group, p.bucket_size)))
         per_bucket = stage_params / buckets
         if p.distributed_optimizer:
             reduce = buckets * collective_s("reduce_scatter", 4 * per_bucket, dp_group, bw, a)
@@ -291,11 +297,9 @@ def step_time(job: Job, shape: Shape | None = None, flops: dict | None = None, a
         else:
             reduce = buckets * collective_s("all_reduce", 4 * per_bucket, dp_group, bw, a)
             gather = 0.0
-        if p.overlap_grad_reduce:
-            fwd, bwd = t_stage / 3, 2 * t_stage / 3
-            dp_exposed = max(reduce / buckets, reduce - bwd) + max(gather / buckets, gather - fwd)
-        else:
-            dp_exposed = reduce + gather
+        fwd, bwd = t_stage / 3, 2 * t_stage / 3
+        dp_exposed = (max(reduce / buckets, reduce - bwd) if p.overlap_grad_reduce else reduce) \
+            + (max(gather / buckets, gather - fwd) if p.overlap_param_gather else gather)
 
     # Per-step fixed costs: the optimizer (memory-bound Adam over the local shard, the grad-norm and
     # zeroing passes over the local gradients) and the host's own per-step work.
