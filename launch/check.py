@@ -16,13 +16,14 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from analysis import flops
-from launch import check_watch, planner, vocab
+from launch import check_data, check_watch, planner, vocab
 from launch.config import CHOICES, Job
 from launch.layout_rules import batch, features, has_size_errors, layout_problems, mesh, model_split, positive_sizes
 from launch.problems import Problem
+from launch.tokenizer import get_tokenizer
 
 __all__ = ["check", "layout_problems", "notes", "padded_vocab_size"]
 
@@ -37,8 +38,8 @@ def padded_vocab_size(job: Job) -> int:
     return job.padded_vocab_size
 
 
-def notes(job: Job) -> list[str]:
-    """Facts worth printing that are not problems (vocab padding, derived dp, microbatches)."""
+def notes(job: Job, read_lengths: Callable[[str], Sequence[int]] = check_data.sequence_lengths) -> list[str]:
+    """Facts worth printing that are not problems (vocab padding, derived dp, microbatches, data epochs)."""
     out = []
     padded = padded_vocab_size(job)
     if padded != job.model.vocab_size:
@@ -58,19 +59,23 @@ def notes(job: Job) -> list[str]:
         )
     if job.parallelism.name != "auto":
         out.extend(planner.memory_warnings(job))  # inside the planner's error band: may or may not fit
+    out.extend(check_data.notes(job, read_lengths))
     return out
 
 
-def check(job: Job, *, path_exists: Callable[[str], bool] = os.path.exists) -> list[Problem]:
+def check(job: Job, *, path_exists: Callable[[str], bool] = os.path.exists,
+          read_lengths: Callable[[str], Sequence[int]] = check_data.sequence_lengths,
+          load_tokenizer: Callable[[str], Any] = get_tokenizer) -> list[Problem]:
     """Every reason ``job`` cannot run as configured (empty list: it can).
 
-    ``path_exists`` is injected so tests can describe a dataset without creating files.
+    The filesystem facts (``path_exists``, an index's ``read_lengths``, ``load_tokenizer``) are
+    injected so tests can describe a dataset and a tokenizer without creating files.
     """
     problems: list[Problem] = []
     for rule in (positive_sizes, mesh, model_split, batch, features, _recipe_support, _overlap, _enums, _lifecycle,
                  _time, _cluster, _numbers, _strings, check_watch.problems):
         problems.extend(rule(job))
-    problems.extend(_data(job, path_exists))
+    problems.extend(check_data.problems(job, path_exists, read_lengths, load_tokenizer))
     if not has_size_errors(problems):
         problems.extend(_collaborators(job))
     return problems
@@ -310,6 +315,7 @@ def _strings(job: Job) -> list[Problem]:
         "cluster.python": c.python, "cluster.checkpoint_root": c.checkpoint_root,
         "cluster.container.image": c.container.image, "cluster.container.workdir": c.container.workdir,
         "cluster.lustre_stripe_size": c.lustre_stripe_size, "data.path": job.data.path,
+        "data.tokenizer": job.data.tokenizer,
     }
     single_line.update({f"cluster.modules[{i}]": m for i, m in enumerate(c.modules)})
     single_line.update({f"cluster.container.mounts[{i}]": m for i, m in enumerate(c.container.mounts)})
@@ -335,29 +341,6 @@ def _strings(job: Job) -> list[Problem]:
             out.append(Problem(f"cluster.container.mounts[{i}]", "one mount per list item (pyxis joins them by ',')",
                                f"{mount!r} contains ','", "split it into two list items"))
     return out
-
-
-def _resolve_data_path(job: Job) -> str:
-    path = job.data.path
-    if path and not os.path.isabs(path) and job.cluster.data_root:
-        return os.path.join(job.cluster.data_root, path)
-    return path
-
-
-def _data(job: Job, path_exists: Callable[[str], bool]) -> list[Problem]:
-    if job.data.kind != "indexed":
-        return []
-    if not job.data.path:
-        return [Problem("data.path", "an indexed dataset needs its prefix (without .bin/.idx)", "data.path = ''",
-                        "set data.path=<prefix> (made by python -m launch.preprocess) or data=mock")]
-    prefix = _resolve_data_path(job)
-    missing = [prefix + ext for ext in (".bin", ".idx") if not path_exists(prefix + ext)]
-    if missing and not job.force:
-        return [Problem("data.path", "the indexed dataset files are missing (checked on this machine)",
-                        f"not found: {', '.join(missing)}",
-                        "check data.path (a prefix: data/corpus_text_document for corpus_text_document.bin/.idx); "
-                        "a path only the compute nodes see needs force=true")]
-    return []
 
 
 def mock_data_at_scale(job: Job) -> bool:

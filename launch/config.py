@@ -261,7 +261,9 @@ class DataConfig:
     """Where tokens come from."""
 
     kind: str = "mock"  # mock (deterministic synthetic) | indexed (Megatron .bin/.idx)
-    path: str = ""  # indexed dataset prefix (without .bin/.idx)
+    path: str = ""  # indexed dataset prefix (without .bin/.idx); or data.blend
+    blend: Any = None  # weighted prefixes: [{path: data/web, weight: 0.3}, ...] or '0.3 data/web 0.7 data/code'
+    valid_blend: Any = None  # validation from other prefixes (same forms); data.split then does not apply
     tokenizer: str = "byte"  # byte (offline, 256 bytes + EOD)
     split: str = "99,1,0"  # train,valid,test weights
     seed: int = 1234

@@ -1,27 +1,41 @@
 """Tokenize a text corpus into Megatron's indexed format (``PREFIX.bin`` + ``PREFIX.idx``).
 
-    python -m launch.preprocess --input corpus.jsonl --output-prefix data/corpus
+    python -m launch.preprocess --input corpus.jsonl --output-prefix data/corpus \\
+        [--tokenizer byte|hf:tokenizer.json|sentencepiece:x.model|tiktoken:x.tiktoken] [--workers N]
 
 ``.jsonl``: one document per line, its text in the ``--json-key`` field (default ``text``).
-Any other file: one document per non-empty line. Each document ends with the EOD token.
-The files are written by Megatron-Core's own ``IndexedDatasetBuilder``, so Megatron's GPT
-dataset (and Megatron-LM) read them back unchanged.
+Any other file: one document per non-empty line. Each document ends with the tokenizer's EOD token.
+``--workers N`` tokenizes in N processes (a multiprocessing pool, documents kept in input order,
+so the files are byte-identical to a single process's); progress goes to stderr every few seconds.
+The files are written by Megatron-Core's own ``IndexedDatasetBuilder`` (so Megatron's GPT dataset
+and Megatron-LM read them unchanged), first under ``.tmp`` names, renamed when complete: a failed
+run leaves nothing half-written. Needs megatron-core (the ``[train]`` extra) for the builder.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
+import time
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Callable, Iterator, List, Optional, Tuple
 
-from launch.tokenizer import get_tokenizer
+from launch.tokenizer import TokenizerError, get_tokenizer
+
+EXIT_BAD_INPUT = 2
+PROGRESS_EVERY_S = 5.0
+CHUNK = 64  # documents per task sent to a worker
 
 
-def iter_documents(path: Path, json_key: str = "text") -> Iterator[str]:
-    """Documents of a .jsonl (one JSON object per line) or plain text (one per line) file."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.rstrip("\n")
+def iter_documents(path: Path, json_key: str = "text", position: Optional[List[int]] = None) -> Iterator[str]:
+    """Documents of a .jsonl (one JSON object per line) or plain text (one per line) file.
+    ``position[0]`` is kept at the bytes read so far (for progress)."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if position is not None:
+                position[0] += len(raw)
+            line = raw.decode("utf-8").rstrip("\n")
             if not line.strip():
                 continue
             if path.suffix == ".jsonl":
@@ -34,35 +48,93 @@ def iter_documents(path: Path, json_key: str = "text") -> Iterator[str]:
                 yield line
 
 
-def preprocess(input_path: Path, output_prefix: str, tokenizer_name: str = "byte", json_key: str = "text") -> int:
-    """Write ``output_prefix``.bin/.idx; returns the number of documents."""
+_WORKER_TOKENIZER = None
+
+
+def _init_worker(name: str) -> None:
+    global _WORKER_TOKENIZER  # one tokenizer per worker process, loaded once
+    _WORKER_TOKENIZER = get_tokenizer(name)
+
+
+def _encode(text: str) -> List[int]:
+    tok = _WORKER_TOKENIZER
+    return tok.tokenize(text) + [tok.eod]
+
+
+def _encoded(docs: Iterator[str], tokenizer_name: str, workers: int) -> Iterator[List[int]]:
+    """Token ids (EOD appended) of each document, in input order, from ``workers`` processes."""
+    if workers <= 1:
+        _init_worker(tokenizer_name)
+        for text in docs:
+            yield _encode(text)
+        return
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(workers, _init_worker, (tokenizer_name,)) as pool:
+        yield from pool.imap(_encode, docs, chunksize=CHUNK)
+
+
+def preprocess(input_path: Path, output_prefix: str, tokenizer_name: str = "byte", json_key: str = "text",
+               workers: int = 1, progress: Optional[Callable[[str], None]] = None,
+               clock: Callable[[], float] = time.monotonic) -> Tuple[int, int]:
+    """Write ``output_prefix``.bin/.idx; returns (documents, tokens)."""
+    tok = get_tokenizer(tokenizer_name)  # in this process too: a bad name fails before any worker starts
     import numpy
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
-    tok = get_tokenizer(tokenizer_name)
     Path(output_prefix).parent.mkdir(parents=True, exist_ok=True)
     dtype = numpy.uint16 if tok.vocab_size < 65500 else numpy.int32
-    builder = IndexedDatasetBuilder(f"{output_prefix}.bin", dtype=dtype)
-    n = 0
-    for text in iter_documents(input_path, json_key):
-        ids = tok.tokenize(text) + [tok.eod]
-        builder.add_document(numpy.array(ids, dtype=dtype), [len(ids)])
-        n += 1
-    builder.finalize(f"{output_prefix}.idx")
-    if n == 0:
-        raise ValueError(f"{input_path}: no documents")
-    return n
+    bin_tmp, idx_tmp = f"{output_prefix}.bin.tmp", f"{output_prefix}.idx.tmp"
+    size = max(1, input_path.stat().st_size)
+    position, docs, tokens = [0], 0, 0
+    start = last = clock()
+    try:
+        builder = IndexedDatasetBuilder(bin_tmp, dtype=dtype)
+        for ids in _encoded(iter_documents(input_path, json_key, position), tokenizer_name, workers):
+            builder.add_document(numpy.array(ids, dtype=dtype), [len(ids)])
+            docs, tokens = docs + 1, tokens + len(ids)
+            if progress is not None and clock() - last >= PROGRESS_EVERY_S:
+                last = clock()
+                mb = position[0] / 1e6
+                progress(f"preprocess: {docs:,} documents, {tokens:,} tokens, {mb:,.1f} MB of {size / 1e6:,.1f} "
+                         f"({100 * position[0] / size:.0f}%), {mb / max(last - start, 1e-9):.1f} MB/s, "
+                         f"{workers} worker(s)")
+        if docs == 0:
+            raise ValueError(f"{input_path}: no documents")
+        builder.finalize(idx_tmp)
+        os.replace(bin_tmp, f"{output_prefix}.bin")
+        os.replace(idx_tmp, f"{output_prefix}.idx")
+    finally:
+        for p in (bin_tmp, idx_tmp):
+            if os.path.exists(p):
+                os.unlink(p)
+    return docs, tokens
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--input", required=True, type=Path)
     p.add_argument("--output-prefix", required=True)
-    p.add_argument("--tokenizer", default="byte")
+    p.add_argument("--tokenizer", default="byte", help="byte | hf:<tokenizer.json> | sentencepiece:<model> | "
+                                                       "tiktoken:<file> (the job's data.tokenizer)")
     p.add_argument("--json-key", default="text")
+    p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
+                   help="tokenizing processes (default: min(8, CPUs))")
     a = p.parse_args(argv)
-    n = preprocess(a.input, a.output_prefix, a.tokenizer, a.json_key)
-    print(f"wrote {n} documents to {a.output_prefix}.bin/.idx")
+    err = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        if a.workers < 1:
+            raise ValueError(f"--workers {a.workers}: must be >= 1")
+        if not a.input.is_file():
+            raise ValueError(f"--input {a.input}: no such file")
+        n, tokens = preprocess(a.input, a.output_prefix, a.tokenizer, a.json_key, a.workers, progress=err)
+    except (TokenizerError, ValueError, UnicodeDecodeError) as e:
+        err(f"preprocess: {e}; nothing written")
+        return EXIT_BAD_INPUT
+    tok = get_tokenizer(a.tokenizer)
+    print(f"wrote {n} documents, {tokens} tokens to {a.output_prefix}.bin/.idx "
+          f"(tokenizer {a.tokenizer}: vocabulary {tok.vocab_size}, EOD {tok.eod}; set model.vocab_size="
+          f"{tok.vocab_size} data.tokenizer={a.tokenizer})")
     return 0
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from datafiles import write_index
 from fake_slurm import FakeSlurm
 
 from launch import pretrain
@@ -160,8 +161,7 @@ def test_indexed_dataset_files_must_exist_when_visible(tmp_path):
     prefix = tmp_path / "corpus_text_document"
     job = compose_job(LOCAL_TINY + ["data=indexed", f"data.path={prefix}"])
     assert [p.field for p in check(job)] == ["data.path"]
-    Path(f"{prefix}.bin").write_bytes(b"x")
-    Path(f"{prefix}.idx").write_bytes(b"x")
+    write_index(prefix, [100] * 10)  # a real (tiny) .bin/.idx pair: the check reads the index's lengths
     assert check(job) == []
 
 

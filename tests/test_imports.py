@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 PRODUCT = ("launch", "train", "recovery", "analysis")
 # The contract both machine sides read: schema, composition, run paths, vocabulary rule, rank environment,
 # tokenizer, problem records and the preflight's verdict rules. Torch-free; imports only itself.
-CONTRACT = ("launch.config", "launch.compose", "launch.paths", "launch.vocab", "launch.dist_env",
+CONTRACT = ("launch.config", "launch.compose", "launch.paths", "launch.vocab", "launch.dist_env", "launch.blend",
             "launch.tokenizer", "launch.problems", "launch.preflight_checks")
 TEST_MODULES = ("tests", "conftest", "faults", "fake_slurm", "slurm_cluster", "trainutil")
 EXCEPTIONS: set = set()  # known exceptions, each with its reason; a new one must be added here on purpose

@@ -1,4 +1,4 @@
-"""Training data: a deterministic mock dataset, or Megatron's GPT dataset over .bin/.idx files.
+"""Training data: a deterministic mock dataset, or Megatron's GPT dataset (or weighted blend) over .bin/.idx files.
 
 Both are random-access by *global sample index*, and the loop asks for samples by index:
 step ``s`` of a run consumes global samples ``[consumed, consumed + gbs)`` where
@@ -11,13 +11,14 @@ is the same global batch whatever dp is.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Protocol
+from typing import Any, Dict, List, Optional, Protocol
 
 import numpy as np
 import torch
 
 from launch.config import DataConfig, ModelConfig
-from launch.tokenizer import ByteTokenizer, get_tokenizer
+from launch import blend
+from launch.tokenizer import get_tokenizer
 
 
 class SampleSource(Protocol):
@@ -53,62 +54,112 @@ class MockGPTDataset:
 
 
 def build_indexed_dataset(
-    data: DataConfig, seq_length: int, num_samples: int, cache_dir: Path, tokenizer: ByteTokenizer,
-    num_valid: int = 0,
+    data: DataConfig, seq_length: int, num_samples: int, cache_dir: Path, tokenizer: Any,
+    num_valid: int = 0, data_root: str = "",
 ) -> Any:
-    """Megatron-Core's GPTDataset over ``data.path``: the train split, or (train, validation) when
-    ``num_valid`` > 0 (the validation split of ``data.split``); call on every rank."""
+    """Megatron-Core's GPT dataset over ``data.path`` or the weighted ``data.blend`` (a ``BlendedDataset``
+    built by Megatron's ``BlendedMegatronDatasetBuilder``): the train split, or (train, validation) when
+    ``num_valid`` > 0. The validation split is ``data.split``'s share of the same prefixes, or
+    ``data.valid_blend`` (Megatron's ``blend_per_split``). Call on every rank."""
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
-    if not data.path:
-        raise ValueError("data.kind=indexed needs data.path (a prefix made by python -m launch.preprocess)")
-    for suffix in (".bin", ".idx"):
-        if not Path(data.path + suffix).exists():
-            raise FileNotFoundError(f"data.path={data.path!r}: {data.path + suffix} does not exist")
+    train = blend.train_sources(data, data_root)
+    valid = blend.valid_sources(data, data_root)
+    if not train:
+        raise ValueError("data.kind=indexed needs data.path or data.blend (prefixes made by python -m launch.preprocess)")
+    for src in train + valid:
+        for suffix in (".bin", ".idx"):
+            if not Path(src.path + suffix).exists():
+                raise FileNotFoundError(f"{src.field}={src.path!r}: {src.path + suffix} does not exist")
+    if valid:
+        which = dict(blend_per_split=[blend.megatron_blend(train),
+                                      blend.megatron_blend(valid) if num_valid else None, None])
+    else:
+        which = dict(blend=blend.megatron_blend(train), split=data.split)
     config = GPTDatasetConfig(
         random_seed=data.seed,
         sequence_length=seq_length,
-        blend=([data.path], None),
-        split=data.split,
         tokenizer=tokenizer,
         reset_position_ids=False,
         reset_attention_mask=False,
         eod_mask_loss=False,
         create_attention_mask=False,
         path_to_cache=str(cache_dir),
+        mid_level_dataset_surplus=blend.MID_LEVEL_SURPLUS,
+        **which,
     )
-    train, valid, _test = BlendedMegatronDatasetBuilder(
+    train_ds, valid_ds, _test = BlendedMegatronDatasetBuilder(
         GPTDataset, [num_samples, num_valid, 0], lambda: True, config
     ).build()
     if num_valid:
-        if valid is None:
+        if valid_ds is None:
             raise ValueError(f"data.split={data.split!r} has no validation split; set e.g. data.split=98,2,0")
-        return train, valid
-    return train
+        return train_ds, valid_ds
+    return train_ds
 
 
 def build_validation_source(data: DataConfig, model: ModelConfig, num_samples: int, num_valid: int,
-                            cache_dir: Path) -> SampleSource:
+                            cache_dir: Path, data_root: str = "") -> SampleSource:
     """The validation split: held-out documents of the indexed dataset, or mock sequences from another seed."""
-    tokenizer = get_tokenizer(data.tokenizer)
     if data.kind == "mock":
         return MockGPTDataset(model.seq_length, model.vocab_size, data.seed + 1)
-    return build_indexed_dataset(data, model.seq_length, num_samples, cache_dir, tokenizer, num_valid)[1]
-
-
-def build_source(data: DataConfig, model: ModelConfig, num_samples: int, cache_dir: Path) -> SampleSource:
-    """The dataset named by ``data.kind``."""
     tokenizer = get_tokenizer(data.tokenizer)
-    if model.vocab_size < tokenizer.vocab_size:
-        raise ValueError(
-            f"model.vocab_size={model.vocab_size} < tokenizer {data.tokenizer!r} vocab {tokenizer.vocab_size}"
-        )
+    return build_indexed_dataset(data, model.seq_length, num_samples, cache_dir, tokenizer, num_valid, data_root)[1]
+
+
+def build_source(data: DataConfig, model: ModelConfig, num_samples: int, cache_dir: Path,
+                 data_root: str = "") -> SampleSource:
+    """The dataset named by ``data.kind``; an indexed one needs ``model.vocab_size`` = the tokenizer's vocabulary."""
     if data.kind == "mock":
         return MockGPTDataset(model.seq_length, model.vocab_size, data.seed)
     if data.kind == "indexed":
-        return build_indexed_dataset(data, model.seq_length, num_samples, cache_dir, tokenizer)
+        tokenizer = get_tokenizer(data.tokenizer)
+        if model.vocab_size != tokenizer.vocab_size:
+            raise ValueError(f"model.vocab_size={model.vocab_size} != data.tokenizer {data.tokenizer!r} vocabulary "
+                             f"{tokenizer.vocab_size}; set model.vocab_size={tokenizer.vocab_size}")
+        return build_indexed_dataset(data, model.seq_length, num_samples, cache_dir, tokenizer, data_root=data_root)
     raise ValueError(f"data.kind={data.kind!r}; expected mock | indexed")
+
+
+def per_source(source: Any, num_samples: int, consumed: int) -> Optional[Dict[str, List[int]]]:
+    """A blend's samples per source over the run's ``num_samples`` and over the ``consumed`` ones so far
+    (Megatron's ``dataset_index``: which source each global sample comes from, fixed by seed and size);
+    None for a single dataset."""
+    index = getattr(source, "dataset_index", None)
+    if index is None:
+        return None
+    n = len(source.datasets)
+    return {"samples": np.bincount(np.asarray(index[:num_samples]), minlength=n).tolist(),
+            "consumed": np.bincount(np.asarray(index[:consumed]), minlength=n).tolist()}
+
+
+def describe(data: DataConfig, source: Any, num_samples: int, consumed: int, data_root: str = "") -> Dict[str, Any]:
+    """The resolved data of a run for the start log and the ``data`` event: seed, sources, weights, counts."""
+    info: Dict[str, Any] = {"kind": data.kind, "seed": data.seed, "tokenizer": data.tokenizer,
+                            "num_samples": num_samples, "consumed_samples": consumed}
+    if data.kind != "indexed":
+        return info
+    sources = blend.train_sources(data, data_root)
+    counts = per_source(source, num_samples, consumed) or {"samples": [num_samples], "consumed": [consumed]}
+    info["sources"] = [
+        {"path": s.path, "weight": s.weight, "share": round(w, 6), "samples": n, "consumed": c}
+        for s, w, n, c in zip(sources, blend.normalized(sources), counts["samples"], counts["consumed"])
+    ]
+    if data.valid_blend:
+        info["valid_sources"] = [{"path": s.path, "weight": s.weight} for s in blend.valid_sources(data, data_root)]
+    return info
+
+
+def describe_line(info: Dict[str, Any]) -> str:
+    """One log line of :func:`describe`."""
+    head = f"data: {info['kind']}, seed {info['seed']}, tokenizer {info['tokenizer']}, {info['num_samples']} samples"
+    if "sources" not in info:
+        return head
+    parts = [f"{s['path']} weight {s['weight']:g} ({100 * s['share']:.1f}%): {s['samples']} samples "
+             f"({100 * s['samples'] / max(1, info['num_samples']):.1f}%), {s['consumed']} consumed"
+             for s in info["sources"]]
+    return head + f"; consumed {info['consumed_samples']}; " + "; ".join(parts)
 
 
 def microbatch_indices(consumed: int, num_microbatches: int, mbs: int, dp: int, dp_rank: int) -> List[List[int]]:

@@ -301,7 +301,7 @@ def run_reference(job: Any, pf_dir: Path, opts: dict, denv: Any) -> int:
     try:
         chunks, optimizer, scheduler = _build(ref, cuda, device)
         source = TimedSource(build_source(ref.data, ref.model, opts["steps"] * ref.training.global_batch_size,
-                                          RunPaths.of(pf_dir).data_cache))
+                                          RunPaths.of(pf_dir).data_cache, ref.cluster.data_root))
         res = train_steps(ref, chunks, optimizer, scheduler, source, opts["steps"], device)
         _write_json(pf_dir / REFERENCE_FILE, {"loss": res["loss"], "grad_norm": res["grad_norm"]})
         deadline = time.monotonic() + float(opts["timeout_s"])
@@ -341,7 +341,7 @@ def run_target(job: Any, pf_dir: Path, opts: dict, denv: Any, env: Mapping[str, 
         if broke:
             _log(rank, f"TEST-ONLY breakage: {broke}")
         source = TimedSource(build_source(job.data, job.model, opts["steps"] * job.training.global_batch_size,
-                                          RunPaths.of(pf_dir).data_cache))
+                                          RunPaths.of(pf_dir).data_cache, job.cluster.data_root))
         sums: dict[str, float] = {}
         res = train_steps(job, chunks, optimizer, scheduler, source, opts["steps"], device,
                           after_first=lambda: sums.update(grad_sums(chunks, job.model)))

@@ -171,7 +171,7 @@ def _train(ctx: RankContext) -> int:
     """Resume or start, train to the end or to a stop signal, and say how this attempt ends."""
     from train import tracking, train_loop
     from train.checkpointer import Checkpointer, find_start, vet_resume
-    from train.data import build_source, build_validation_source
+    from train.data import build_source, build_validation_source, describe, describe_line
 
     job, t = ctx.job, ctx.job.training
     iters = train_loop.train_iters(job)
@@ -193,11 +193,15 @@ def _train(ctx: RankContext) -> int:
                                             warn=lambda line: print(line, flush=True), emit=ctx.emit)
         ctx.tracker.text(state.step + 1, f"attempt {ctx.restart} (job {ctx.job_id or 'local'}) starts at step "
                                          f"{state.step + 1} on {ctx.world} ranks, layout {ctx.layout}")
-    source = build_source(job.data, job.model, iters * t.global_batch_size, ctx.paths.data_cache)
+    root, num_samples = job.cluster.data_root, iters * t.global_batch_size
+    source = build_source(job.data, job.model, num_samples, ctx.paths.data_cache, root)
+    data_info = describe(job.data, source, num_samples, state.consumed_samples, root)
+    ctx.log(describe_line(data_info))
+    ctx.emit("data", step=state.step, **data_info)
     valid = None
     if t.eval_interval > 0:
-        valid = build_validation_source(job.data, job.model, iters * t.global_batch_size,
-                                        t.eval_iters * t.global_batch_size, ctx.paths.data_cache)
+        valid = build_validation_source(job.data, job.model, num_samples, t.eval_iters * t.global_batch_size,
+                                        ctx.paths.data_cache, root)
     if ctx.hooks.touch_data:
         source = HookedSource(source, ctx.hooks, ctx.rank, ctx.restart, t.global_batch_size,
                               t.global_batch_size // job.dp)
@@ -213,6 +217,9 @@ def _train(ctx: RankContext) -> int:
     try:
         result = train_loop.run_loop(ctx, parts, ckpt, source, state, iters, valid, judge, live=live,
                                      nan_hooks=nan_hooks)
+        end = describe(job.data, source, num_samples, result.state.consumed_samples, root)
+        ctx.emit("data_position", step=result.state.step, consumed_samples=result.state.consumed_samples,
+                 consumed_per_source=[s["consumed"] for s in end.get("sources", [])])
         _live_summary(ctx, result, live)
         return _finish(ctx, ckpt, parts, result, judge)
     finally:  # also after a crash: what was written is flushed
