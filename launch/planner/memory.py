@@ -66,7 +66,7 @@ Accounting (bytes; GiB = 2**30 in every report, and ``cluster.gpu_memory_gb`` is
     bf16 logits to fp32 (``pred.float()`` before ``cross_entropy``): bf16 logits, their fp32 copy and
     the fp32 log-softmax live together, 10 bytes per logit instead of Megatron's fused 4.
 
-Login-node codeLogin-node code: no torch, no megatron.
+Login-node code: no torch, no megatron.
 """
 from __future__ import annotations
 
