@@ -30,6 +30,7 @@ FAIL_AT_ITER_ENV = "SLURMTRON_TEST_FAIL_AT_ITER"
 HANG_AT_ITER_ENV = "SLURMTRON_TEST_HANG_AT_ITER"  # with _HANG_RANK (0), _HANG_IN (data|save), _HANG_S (3600)
 NAN_AT_ITER_ENV = "SLURMTRON_TEST_NAN_AT_ITER"
 SLOW_RANK_ENV = "SLURMTRON_TEST_SLOW_RANK"  # R:S
+OVERFLOW_AT_ITER_ENV = "SLURMTRON_TEST_OVERFLOW_AT_ITER"  # N[,M...]: every gradient of those iterations is inf
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class Hooks:
     nan_at_iter: int = 0
     slow_rank: int = -1
     slow_s: float = 0.0
+    overflow_at_iters: tuple = ()
 
     @staticmethod
     def from_env(env: Mapping[str, str]) -> "Hooks":
@@ -64,7 +66,12 @@ class Hooks:
             nan_at_iter=int(env.get(NAN_AT_ITER_ENV) or 0),
             slow_rank=int(slow[0]) if len(slow) == 2 else -1,
             slow_s=float(slow[1]) if len(slow) == 2 else 0.0,
+            overflow_at_iters=tuple(int(x) for x in (env.get(OVERFLOW_AT_ITER_ENV) or "").split(",") if x.strip()),
         )
+
+    def overflows_at(self, iteration: int) -> bool:
+        """``SLURMTRON_TEST_OVERFLOW_AT_ITER``: are this iteration's gradients made inf (every attempt)?"""
+        return iteration in self.overflow_at_iters
 
     def hangs_in(self, where: str, rank: int, restart: int, step: int) -> bool:
         """``SLURMTRON_TEST_HANG_*``: does this rank hang here (first attempt only)?"""

@@ -17,7 +17,8 @@ The distributed optimizer (Megatron-Core 0.16 without Apex/TE) has three load bu
 :func:`fix_distributed_optimizer_load` and the two helpers below work around
 (``../shared/notes/megatron-core-on-cpu.md``):
 
-(a) ``state_dict()`` on a fresh optimizer asserts ``len(steps) == 1``: :func:`prime_optimizer_state`;
+(a) ``state_dict()`` on a fresh optimizer asserts ``len(steps) == 1``: :func:`prime_optimizer_state`
+    (on load, and on a save before any update was applied: fp16 loss-scale overflows skip them);
 (b) loading copies every live state key, including ``step``, which the checkpoint lacks
     (``KeyError: 'step'``): the patched ``_set_main_param_and_optimizer_states`` skips it;
 (c) silently, after loading every parameter shares ONE ``step`` tensor, which torch Adam
@@ -129,7 +130,7 @@ def sharded_state(
     else:
         for i, m in enumerate(modules):
             sd[f"model{i}"] = m.sharded_state_dict()
-    if is_loading and distributed_optimizer:
+    if distributed_optimizer:  # loading, or saving before any update was applied (fp16 overflows skip them all)
         prime_optimizer_state(optimizer)
     metadata = DIST_OPT_METADATA if distributed_optimizer else None
     sd["optimizer"] = optimizer.sharded_state_dict(sd, is_loading=is_loading, metadata=metadata)

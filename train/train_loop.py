@@ -178,6 +178,7 @@ def build_training(job: Job, iters: int, *, cuda: bool, device: torch.device) ->
     megatron_model.init_layout_independent(chunks, job.model, t.seed)
     chunks = wrap_ddp(chunks, config, p)
     optimizer = build_optimizer(t, chunks, p)
+    config.grad_scale_func = optimizer.scale_loss  # fp16: the schedules scale the loss by the dynamic loss scale
     scheduler = build_scheduler(t, optimizer, iters, t.global_batch_size)
     return TrainingParts(chunks, optimizer, scheduler)
 
@@ -232,11 +233,13 @@ def train_step(
     state: TrainState,
     nmb: int,
     device: torch.device,
+    overflow: bool = False,
 ) -> tuple[float, float, bool, "nan_guard.StepOutcome"]:
     """One optimizer step over the global batch; returns (loss, grad norm, update skipped, the guard's outcome).
 
     The loss is reduced *before* the update so that the NaN guard (:mod:`train.nan_guard`) can
-    keep a non-finite loss or grad norm from ever being applied.
+    keep a non-finite loss or grad norm from ever being applied. ``overflow`` (a test hook,
+    ``SLURMTRON_TEST_OVERFLOW_AT_ITER``) sets every reduced gradient to inf before the optimizer sees it.
     """
     t = job.training
     seed_step(t.seed, state.step)
@@ -259,6 +262,11 @@ def train_step(
         forward_only=False,
     )
     loss = float(_reduce_loss(losses, device).item())
+    if overflow:
+        for c in chunks:
+            for p in c.parameters():
+                if getattr(p, "main_grad", None) is not None:
+                    p.main_grad.fill_(float("inf"))
     out = nan_guard.guarded_step(optimizer, loss, device)
     if out.applied:
         scheduler.step(increment=t.global_batch_size)
@@ -358,13 +366,13 @@ class Meter:
             tflops = self.flops_per_step / (elapsed * ctx.world) / 1e12
             if self.peak_flops:
                 mfu = tflops * 1e12 / self.peak_flops
-        loss_scale = float(getattr(self.optimizer, "get_loss_scale", lambda: torch.tensor(1.0))().item())
+        scale = loss_scale(self.optimizer)
         ctx.emit("iteration", step=iteration, loss=repr(loss), grad_norm=repr(grad_norm), lr=repr(lr),
                  consumed_samples=state.consumed_samples, seconds=elapsed)
         ctx.log(format_iteration(
             now=ctx.now(), iteration=iteration, train_iters=self.iters, consumed=state.consumed_samples,
             elapsed_ms=elapsed * 1000.0, lr=lr, gbs=t.global_batch_size, loss=loss,
-            loss_scale=loss_scale,
+            loss_scale=scale,
             grad_norm=grad_norm, skipped=self.counters.skipped, nan=self.counters.nan, tflops=tflops, mfu=mfu,
         ))
         if getattr(ctx, "tracker", None) is not None:  # TensorBoard/W&B under Megatron-LM's names (train/tracking.py)
@@ -372,9 +380,14 @@ class Meter:
 
             tokens = t.global_batch_size * ctx.job.model.seq_length
             ctx.tracker.scalars(iteration, {
-                "loss": loss, "lr": lr, "grad_norm": grad_norm, "loss_scale": loss_scale,
+                "loss": loss, "lr": lr, "grad_norm": grad_norm, "loss_scale": scale,
                 "batch_size": t.global_batch_size, "iteration_time": elapsed, "throughput": tflops, "mfu": mfu,
                 "tokens_per_s": tokens / elapsed if elapsed > 0 else None, **memory_scalars(bool(ctx.cuda))})
+
+
+def loss_scale(optimizer: Any) -> float:
+    """The optimizer's current loss scale (1.0 without fp16's dynamic scaler)."""
+    return float(getattr(optimizer, "get_loss_scale", lambda: torch.tensor(1.0))().item())
 
 
 def throughput_model(ctx: Any) -> tuple[Optional[float], Optional[float]]:
@@ -451,10 +464,16 @@ def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, st
         if nan_hooks is not None:
             nan_hooks.reset()
         t0, c0 = ctx.clock(), time.thread_time()
-        loss, grad_norm, skipped, guard = train_step(ctx.job, *parts, source, state, nmb, ctx.device)
+        loss, grad_norm, skipped, guard = train_step(ctx.job, *parts, source, state, nmb, ctx.device,
+                                                     overflow=ctx.hooks.overflows_at(state.step + 1))
         if ctx.hooks.step_sleep_s > 0:
             ctx.sleep(ctx.hooks.step_sleep_s)
         elapsed, compute = ctx.clock() - t0, time.thread_time() - c0
+        if skipped:
+            scale = loss_scale(parts.optimizer)
+            ctx.log(f"WARNING: fp16 loss scale overflow at iteration {state.step + 1}: the update was skipped "
+                    f"(loss scale now {scale:.1f}; training.hysteresis={t.hysteresis} overflows in a row halve it)")
+            ctx.emit("loss_scale_overflow", step=state.step + 1, loss_scale=scale)
         if guard.nonfinite:
             meter.counters.nan += 1
             where = nan_hooks.first if nan_hooks is not None else None

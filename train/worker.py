@@ -36,6 +36,9 @@ Test hooks, environment switches read by :class:`train.context.Hooks` (never set
     the global batch iteration N reads in an uninterrupted run gets a NaN loss mask;
 ``SLURMTRON_TEST_SLOW_RANK`` = ``R:S``
     rank R spends S more CPU seconds per step reading its samples (a slower device).
+``SLURMTRON_TEST_OVERFLOW_AT_ITER`` = ``N[,M...]``
+    after the backward pass of those iterations every rank sets its gradients to inf: with fp16 a
+    loss-scale overflow (the step is skipped and the scale lowered), otherwise a non-finite grad norm.
 
 Everything runs under ``if __name__ == "__main__":``: dist_checkpointing's writer starts a
 helper process that re-imports the main module.
