@@ -144,8 +144,12 @@ def _ended_state(events: list[dict]) -> tuple[str, str]:
             reason = str(e.get("reason") or "")
             if reason == "completed":
                 return "completed", ""
-            if reason in ("requeue", "signal"):
-                return "stopped", f"stopped at step {e.get('step')} (checkpointed); the same command continues it"
+            if reason in ("requeue", "signal", "stopped"):  # stopped: a drain/stop request (launch/stop.py)
+                who = next((f" by {x.get('reason')}" for x in reversed(events) if x.get("event") == "stop"
+                            and x.get("job_id") == e.get("job_id") and x.get("restart_count") == e.get("restart_count")),
+                           "") if reason == "stopped" else ""
+                return "stopped", (f"stopped{who} at step {e.get('step')} (checkpointed); the same command "
+                                   "continues it")
             return "failed", f"exit {reason} code {e.get('code')}"
         if kind == "stop":
             return "failed", f"{e.get('reason')}: {e.get('detail') or ''}".strip(": ")
@@ -274,8 +278,8 @@ def _event_gpu_hours(state: RunState, events: list[dict], now: float) -> None:
 
 
 def _from_events(state: RunState, events: list[dict]) -> None:
-    starts = {(e.get("job_id"), e.get("restart_count")) for e in events if e.get("event") == "job_start"}
-    state.attempts = len(starts)
+    # one job_start (rank 0) per attempt; a fresh local launch starts again at restart_count 0 with no job id
+    state.attempts = sum(1 for e in events if e.get("event") == "job_start" and (e.get("rank") or 0) == 0)
     its = [e for e in events if e.get("event") == "iteration" and e.get("step") is not None]
     if its:
         state.step = int(its[-1]["step"])

@@ -225,15 +225,24 @@ def test_local_launcher_relaunches_a_crash_until_the_zero_progress_guard(tmp_pat
 
 def test_local_drain_at_step_stops_then_pretrain_continues(tmp_path):
     """cluster=local: a drain request (launch/stop.py at_step=3) ends the run at step 3 with exit 0, no
-    relaunch; pretrain.py with the same run clears the request and continues from that checkpoint."""
+    relaunch; pretrain.py with the same run clears the request and continues from that checkpoint.
+    launch/status.py follows it: stopped, running (while pretrain.py trains), completed."""
     import json
     import subprocess
     import sys
 
-    from launch import stop
+    import io
+    import os
+    import time
+
+    from launch import status, stop
+    from launch.run_state import gather
     from recovery.events import read_events
     from recovery.resume import find_latest_verified
     from trainutil import REPO, write_job
+
+    def no_slurm(argv, **kw):  # a cluster=local run never asks Slurm
+        raise AssertionError(f"status ran {argv} for a cluster=local run")
 
     run_dir = tmp_path / "drained"
     overrides = ["cluster=local", "cluster.gpus_per_node=2", "parallelism=tp2", "training.train_iters=5",
@@ -250,10 +259,35 @@ def test_local_drain_at_step_stops_then_pretrain_continues(tmp_path):
     assert max(e["step"] for e in events if e["event"] == "iteration") == 3
     assert find_latest_verified(run_dir / "checkpoints").step == 3
     assert json.loads((run_dir / "stop.json").read_text())["state"] == "stopped"
-    again = subprocess.run([sys.executable, str(REPO / "launch" / "pretrain.py"), *overrides], cwd=tmp_path,
-                           capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    # status of the stopped run: from the event log, the checkpoint directory and the logs (no Slurm here)
+    st = gather(run_dir, runner=no_slurm)
+    assert (st.state, st.step, st.target, st.checkpoint_step) == ("stopped", 3, 5, 3), st
+    assert "the same command continues it" in st.reason and st.attempts == 1
+    assert st.gpu_hours_source == "events" and 0 < st.gpu_hours < 2 * 300 / 3600  # 2 ranks, under the timeout
+
+    # continue it with pretrain.py (steps slowed to 1 s) and ask for the status while it runs, then after
+    env = {**os.environ, "SLURMTRON_TEST_STEP_SLEEP_S": "1"}
+    proc = subprocess.Popen([sys.executable, str(REPO / "launch" / "pretrain.py"), *overrides], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    seen, deadline = [], time.time() + 300
+    while proc.poll() is None and time.time() < deadline:
+        out = io.StringIO()
+        assert status.main([str(run_dir), "--json"], runner=no_slurm, out=out, err=io.StringIO()) == 0
+        seen.append(json.loads(out.getvalue()))
+        time.sleep(0.5)
+    stdout, stderr = proc.communicate(timeout=60)
+    running = [d for d in seen if d["state"] == "running"]
+    assert running, [d["state"] for d in seen]
+    assert f"pid" in running[-1]["reason"] and running[-1]["attempts"] >= 1
+    assert proc.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    again = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     assert "cleared stop.json" in again.stderr
+    out = io.StringIO()
+    assert status.main([str(run_dir)], runner=no_slurm, out=out, err=io.StringIO()) == 0
+    text = out.getvalue()
+    for fragment in ("state      completed; attempts 2", "progress   step 5 / 5 (100.0%)",
+                     "checkpoint step 5 verified", "process-hours so far (from the event log"):
+        assert fragment in text, text
     events = read_events(run_dir / "events.jsonl")
     assert [(e["restart_count"], e["step"]) for e in events if e["event"] == "resume"] == [(0, 3)]
     assert [e["reason"] for e in events if e["event"] == "exit"] == ["stopped", "completed"]
