@@ -58,7 +58,10 @@ model. Every term is per GPU and per optimizer step:
   attention is unfused, the fp32 cross-entropy): every activation byte of
   :func:`launch.planner.memory.layer_activation_bytes` crosses HBM ``ELEMENTWISE_PASSES`` times
   (written and read back by the forward, its gradient written and read by the backward, and
-  the kernels' own reads: 6; a full-recompute forward adds 2) at the device's HBM bandwidth.
+  the kernels' own reads: 6; a full-recompute forward adds 2) at the device's HBM bandwidth. The
+  loss reads and writes each logit :data:`LOSS_BYTES_PER_LOGIT` bytes, counted op by op from
+  Megatron-Core's vocab-parallel cross-entropy (fp32 copy, max, subtract, exp, sum, divide; the
+  backward's scale and the cast back to bf16).
   This is the term that makes small hidden sizes slower per FLOP: GEMM work grows as h^2 per
   token, this traffic as h (and as a*s for unfused attention).
 
@@ -93,6 +96,10 @@ from launch.planner.shapes import Shape, chunks, shape_of, stage_layers
 GB = 1e9  # bandwidths in the cluster config are GB/s (10**9 bytes)
 ELEMENTWISE_PASSES = 6.0  # HBM passes per activation byte in memory-bound kernels (see module docstring)
 FUSED_ATTENTION_RELATIVE_RATE = 0.8  # flash/fused attention FLOP rate over the GEMMs' (see module docstring)
+# Megatron-Core's vocab-parallel cross-entropy (tensor_parallel/cross_entropy.py, the unfused default) per logit:
+# forward .float() 2+4, max 4, in-place subtract 4+4, in-place exp 4+4, sum 4, in-place divide 4+4 (38);
+# backward mul_ by the loss gradient 4+4, and autograd's cast of the fp32 gradient back to bf16 4+2 (14).
+LOSS_BYTES_PER_LOGIT = 52.0
 KERNELS_PER_LAYER = 60  # kernels one layer launches per microbatch: ~20 forward, ~40 backward
 OPTIMIZER_BYTES_PER_PARAM = 30.0  # Adam: read grad 4, read+write main weight 8, moments 16, write bf16 weight 2
 GRAD_PASS_BYTES_PER_PARAM = 8.0  # grad-norm read 4 + zeroing the gradient buffer 4
@@ -232,7 +239,7 @@ def step_time(job: Job, shape: Shape | None = None, flops: dict | None = None, a
     hbm = hbm_bandwidth(c.gpu)
     passes = ELEMENTWISE_PASSES + (2 if p.recompute == "full" else 0)
     t_elem = passes * layer_activation_bytes(shape, job, attention, stored=False) / hbm
-    t_elem_logits = passes * 4 * mb * shape.seq / cp * shape.vocab / tp / hbm
+    t_elem_logits = LOSS_BYTES_PER_LOGIT * mb * shape.seq / cp * shape.vocab / tp / hbm
     t_core = core_hw * per_seq / core_rate
 
     tokens = mb * shape.seq / cp
