@@ -47,6 +47,9 @@ def accuracy_rows() -> tuple[list[str], list[str]]:
                f"{100 * r.error():+.1f}% | {r.cite} |" for r in rows]
     per_source = [f"| {src} | {kind} | {s['n']} | {100 * s['median']:.1f}% | {100 * s['worst']:.1f}% |"
                   for (src, kind), s in summary(rows).items()]
+    per_source += [f"| {src} | {kind} (< 1B, no target) | {s['n']} | {100 * s['median']:.1f}% | "
+                   f"{100 * s['worst']:.1f}% |"
+                   for (src, kind), s in summary([r for r in rows if r.params_b < 1], min_params_b=0).items()]
     return per_row, per_source
 
 

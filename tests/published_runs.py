@@ -338,9 +338,37 @@ def megatron_core_h100() -> list[Published]:
     return out
 
 
+# --- 9. Megatron-LM's own CI on DGX H100: a sub-1B model (no accuracy target below 1B; reported) -------------
+# tests/functional_tests/test_cases/gpt/gpt3_345m_nightly_dgx_a100_1N8G_mcore_<layout>/: model_config.yaml (12
+# layers, hidden 512, 8 heads, sequence 1024, GPT-2 BPE vocabulary, micro-batch 4, global batch 32, 8 GPUs,
+# --transformer-impl local, --deterministic-mode, NCCL_ALGO=Ring, --timing-log-level 2) and
+# golden_values_dev_dgx_h100.json ("iteration-time" per step; the median of the steps after the first).
+# --timing-log-level 2 turns on the per-microbatch 'forward-compute'/'backward-compute' timers, whose start and
+# stop call torch.cuda.synchronize() (megatron/core/timers.py): the host cannot run ahead of the GPU there.
+MEGATRON_CI = [  # layout dir, tp, pp, precision, median iteration time s (steps), golden-values commit
+    ("tp1_pp4", 1, 4, "bf16", 0.12298, "steps 2-50", "062fa08e8b"),
+    ("tp4_pp1_resume_torch_dist", 4, 1, "fp16", 0.19585, "steps 5-100 every 5th", "737e71fc40"),
+]
+
+
+def megatron_ci_h100() -> list[Published]:
+    out = []
+    for case, tp, pp, precision, step, steps, commit in MEGATRON_CI:
+        model = gpt2021(12, 512, 8, vocab=50257, seq=1024)
+        job = _job(model, dgx_h100(1), 32, 4, precision=precision, tp=tp, pp=pp, distributed_optimizer=False)
+        size = shape_of(model, tp).total_params / 1e9
+        out.append(Published("Megatron-LM CI (sub-1B, H100)",
+                             f"NVIDIA/Megatron-LM tests/functional_tests/test_cases/gpt/gpt3_345m_nightly_dgx_a100_"
+                             f"1N8G_mcore_{case}, golden_values_dev_dgx_h100.json at {commit}, {steps}",
+                             f"{1e3 * size:.0f}M tp{tp} pp{pp} 8 GPUs mbs4", size, job, "step_s", step,
+                             assumed="unfused attention (local transformer implementation), no distributed "
+                                     "optimizer; the synchronizing timers are not modelled"))
+    return out
+
+
 def all_rows() -> list[Published]:
     return (narayanan() + korthikanti() + mt_nlg() + llama3_405b() + bloom() + torchtitan() + megatron_pr482()
-            + megatron_core_h100())
+            + megatron_core_h100() + megatron_ci_h100())
 
 
 def summary(rows: list[Published] | None = None, min_params_b: float = 1.0) -> dict[tuple[str, str], dict]:

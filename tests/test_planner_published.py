@@ -96,6 +96,26 @@ def test_no_published_trained_layout_is_refused(row):
     assert memory_problems(row.job) == []
 
 
+SUB_1B = [r for r in ROWS if r.params_b < 1 and r.metric != "memory_gib"]
+
+
+@pytest.mark.xfail(strict=True, reason="Megatron-LM's CI runs of a 64M model on DGX H100 take 0.12-0.20 s per "
+                                       "step; the planner says 0.05-0.07 s (1.7-3.7x too fast). Their per-microbatch "
+                                       "timers synchronize the GPU (--timing-log-level 2), so the host's per-op cost "
+                                       "(~40-50 us per kernel of 60 per layer, implied) adds to the GPU time instead "
+                                       "of hiding behind it; the planner has a 4 us launch floor, overlapped")
+def test_sub_1b_step_time_within_the_worst_bar():
+    assert len(SUB_1B) >= 2
+    errors = {r.label: round(r.error(), 3) for r in SUB_1B}
+    assert all(abs(e) <= STEP_TIME_WORST for e in errors.values()), errors
+
+
+def test_sub_1b_estimate_is_too_fast_not_too_slow():
+    """What the sub-1B rows show today: the miss is on the fast side (host time not modelled), never slower
+    than measured; if a change makes a tiny model slower than Megatron's own CI, this says so."""
+    assert all(r.error() < 0 for r in SUB_1B)
+
+
 def _per_gpu(r):
     return r.estimate() if r.metric == "tflops" else 1 / (r.estimate() * r.job.world_size)
 
