@@ -10,6 +10,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from launch import blend
 from launch.config import Job
 from launch.cost import cost_text
 
@@ -86,9 +87,7 @@ def summary(job: Job, run_dir: Path, *, job_ids: Sequence[str] = (), est: Any = 
         size = f"{est.checkpoint_gb:,.3g} GB" if est.checkpoint_gb >= 1 else f"{est.checkpoint_gb * 1e3:.3g} MB"
         rows.append(("checkpoint", f"{size}, save {est.save_time_s:.3g} s at "
                                    f"{c.fs_write_bandwidth_gbs:g} GB/s{every}; keep {t.keep_checkpoints}"))
-    d = job.data
-    rows.append(("data", f"indexed {d.path} (split {d.split})" if d.kind == "indexed" else
-                 "mock: synthetic tokens (set data=indexed data.path=<prefix> for real text)"))
+    rows.append(("data", _data_text(job)))
     rows.append(("job", ", ".join(job_ids) + f"; run dir {run_dir}" if job_ids else
                  f"dry run: nothing written or submitted; run dir would be {run_dir}"))
     q = shlex.quote(str(run_dir))
@@ -104,3 +103,19 @@ def summary(job: Job, run_dir: Path, *, job_ids: Sequence[str] = (), est: Any = 
                              f"python launch/status.py {q} --watch 60"))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows)
+
+
+def _data_text(job: Job) -> str:
+    """``indexed 0.3 web + 0.7 code (split 99,1,0), tokenizer byte``; the blend as the ranks resolve it."""
+    d = job.data
+    if d.kind != "indexed":
+        return "mock: synthetic tokens (set data=indexed data.path=<prefix> for real text)"
+    try:
+        train = blend.train_sources(d, job.cluster.data_root)
+        valid = blend.valid_sources(d, job.cluster.data_root)
+    except blend.BlendError:
+        train, valid = [], []
+    what = " + ".join(f"{w:.3g} {s.path}" for s, w in zip(train, blend.normalized(train))) if len(train) > 1 else \
+        (train[0].path if train else d.path)
+    split = f"validation {' + '.join(s.path for s in valid)}" if valid else f"split {d.split}"
+    return f"indexed {what} ({split}), tokenizer {d.tokenizer}, seed {d.seed}"

@@ -30,7 +30,12 @@ CL100K_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3
 
 
 class TokenizerError(ValueError):
-    """``data.tokenizer`` cannot be loaded; the message is one line naming the field, the cause and the fix."""
+    """``data.tokenizer`` cannot be loaded; the message is one line naming the field, the cause and the fix.
+    ``package`` is set when the cause is a Python package missing here (not a file)."""
+
+    def __init__(self, message: str, package: str = "") -> None:
+        super().__init__(message)
+        self.package = package
 
 
 @dataclass(frozen=True)
@@ -162,7 +167,7 @@ def _import(name: str, module: str, fix: str) -> Any:
         return importlib.import_module(module)
     except ImportError:
         raise TokenizerError(f"data.tokenizer={name!r} needs the {module!r} package, which is not installed "
-                             f"here ({fix})") from None
+                             f"here ({fix})", package=module) from None
 
 
 _FILE_KINDS = {"hf": HFTokenizer, "sentencepiece": SentencePieceTokenizer, "tiktoken": TiktokenTokenizer}

@@ -124,3 +124,51 @@ def test_a_trained_hf_tokenizer_drives_preprocess_train_and_the_loss_falls(runs)
     assert len(losses) == ITERS
     assert losses[0] > 5.0  # ~ln(padded vocab 320) = 5.77 at the start
     assert max(losses[-3:]) < losses[0] - 0.5, losses
+
+
+def test_a_prefix_missing_on_the_compute_node_is_a_final_stop_in_one_line(tmp_path):
+    """force=true submits a prefix the login node cannot see; the rank that cannot see it either stops for good."""
+    from trainutil import train
+
+    res = train(tmp_path / "run", ["data=indexed", f"data.path={tmp_path / 'nowhere' / 'corpus'}", "force=true",
+                                   "parallelism=tp1"], world=1, timeout=180)
+    assert res.codes == [7], res.all_logs()
+    (stop,) = [e for e in res.events if e["event"] == "stop"]
+    assert stop["reason"] == "storage_error" and f"{tmp_path / 'nowhere' / 'corpus'}.bin" in stop["detail"]
+    log = res.all_logs()
+    assert "refused to start: data files missing on this node" in log and "Traceback" not in log
+
+
+def test_megatron_builds_a_separate_validation_blend(tmp_path):
+    """data.valid_blend becomes Megatron's blend_per_split: the train blend uses its prefixes whole, the
+    validation blend its own, each drawn by weight (one process, gloo world of 1)."""
+    from datafiles import write_index
+
+    web, code = write_index(tmp_path / "web", [100] * 50), write_index(tmp_path / "code", [100] * 50, seed=1)
+    val1, val2 = write_index(tmp_path / "v1", [100] * 10, seed=2), write_index(tmp_path / "v2", [100] * 10, seed=3)
+    script = f"""
+import json, torch.distributed as dist
+from launch.compose import compose_job
+from launch.tokenizer import get_tokenizer
+from train.data import build_indexed_dataset, per_source
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+job = compose_job(["data=indexed", "data.blend='0.3 {web} 0.7 {code}'", "data.valid_blend='1 {val1} 3 {val2}'",
+                   "data.split='50,50,0'"])
+train, valid = build_indexed_dataset(job.data, 64, 160, {str(tmp_path / 'cache')!r}, get_tokenizer("byte"), 16)
+print(json.dumps([len(train), len(valid), per_source(train, 160, 160), per_source(valid, 16, 16),
+                  [len(d.indices) for d in train.datasets]]))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    n_train, n_valid, tr, va, documents = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert (n_train, n_valid) == (160, 16)
+    assert tr["samples"] == [48, 112] and va["samples"] == [4, 12]  # 0.3/0.7 of 160; 1/4 and 3/4 of 16
+    assert documents == [50, 50]  # every document of each prefix trains: data.split (50,50,0) no longer applies
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -122,6 +122,29 @@ def build_source(data: DataConfig, model: ModelConfig, num_samples: int, cache_d
     raise ValueError(f"data.kind={data.kind!r}; expected mock | indexed")
 
 
+def start_refusal(data: DataConfig, data_root: str = "") -> Optional[Dict[str, str]]:
+    """Why this node cannot read the job's data, before anything is built: ``{reason, detail}`` with a final
+    stop reason of :data:`recovery.policy.FINAL_REASONS` (another attempt would meet the same files), or None.
+    A tokenizer package missing on the compute nodes is ``unsupported_software``; a prefix or tokenizer file
+    missing or unreadable here (a mount the login node has and this node lacks) is ``storage_error``."""
+    from launch.tokenizer import TokenizerError
+
+    if data.kind != "indexed":
+        return None
+    try:
+        get_tokenizer(data.tokenizer)
+        sources = blend.train_sources(data, data_root) + blend.valid_sources(data, data_root)
+    except TokenizerError as e:
+        return {"reason": "unsupported_software" if e.package else "storage_error", "detail": str(e)}
+    except blend.BlendError as e:
+        return {"reason": "storage_error", "detail": str(e)}
+    missing = [s.path + ext for s in sources for ext in (".bin", ".idx") if not Path(s.path + ext).is_file()]
+    if missing:
+        return {"reason": "storage_error", "detail": f"data files missing on this node: {', '.join(missing)} "
+                                                     "(the job check saw them on the login node: a shared mount?)"}
+    return None
+
+
 def per_source(source: Any, num_samples: int, consumed: int) -> Optional[Dict[str, List[int]]]:
     """A blend's samples per source over the run's ``num_samples`` and over the ``consumed`` ones so far
     (Megatron's ``dataset_index``: which source each global sample comes from, fixed by seed and size);

@@ -183,6 +183,10 @@ def _train(ctx: RankContext) -> int:
              source=ctx.dist.source)
     if not start.ok:
         return _refuse_start(ctx, start)
+    from train.data import start_refusal
+
+    if (refused := start_refusal(job.data, job.cluster.data_root)) is not None:
+        return _refuse_data(ctx, refused)
     vet_resume(ctx, start)
 
     parts = train_loop.build_training(job, iters, cuda=ctx.cuda, device=ctx.device)
@@ -285,6 +289,17 @@ def _live_summary(ctx: RankContext, result: Any, live: Any) -> None:
                 f"rank {x['rank']} on {x['host']} ({x['intervals']} intervals)" for x in repeated) if repeated else ""))
     ctx.emit("live_checks", seconds=live_s, steps=result.steps_run, median_step_s=result.median_step_s,
              overhead=overhead, repeated_stragglers=repeated)
+
+
+def _refuse_data(ctx: RankContext, refused: dict) -> int:
+    """The job's data or tokenizer cannot be used on this node: a final stop, one line, no traceback."""
+    from recovery.policy import FINAL_REASONS
+
+    code = FINAL_REASONS[refused["reason"]]
+    print(f"refused to start: {refused['detail']}", flush=True)
+    ctx.emit("stop", reason=refused["reason"], code=code, detail=refused["detail"])
+    ctx.emit("exit", reason=refused["reason"], code=code, step=None)
+    return code
 
 
 def _refuse_start(ctx: RankContext, start) -> int:
