@@ -231,3 +231,18 @@ def test_preprocess_refuses_bad_input_in_one_line_and_writes_nothing(tmp_path, c
     err = capsys.readouterr().err
     assert "does not exist" in err and len(err.strip().splitlines()) == 1
     assert not list(tmp_path.glob("out*"))
+
+
+def test_the_cli_refuses_a_vocab_mismatch_before_submission_and_writes_nothing(tmp_path, bpe):
+    import subprocess
+    import sys
+
+    from trainutil import REPO
+
+    prefix = write_index(tmp_path / "c", (100,) * 20)
+    proc = subprocess.run([sys.executable, str(REPO / "launch" / "pretrain.py"), "data=indexed",
+                           f"data.path={prefix}", f"data.tokenizer=hf:{bpe}", f"cluster.run_root={tmp_path / 'runs'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"model.vocab_size 257 != hf:{bpe} vocabulary 300 (EOD id 0)" in proc.stderr
+    assert "set model.vocab_size=300" in proc.stderr and not (tmp_path / "runs").exists()
