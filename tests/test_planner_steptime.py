@@ -130,3 +130,26 @@ def test_a_data_parallel_ring_across_nodes_uses_the_nics_its_members_have_in_eac
     assert _bw(c, 32, stride=8) == nic
     assert _bw(c, 32) == nic
     assert _bw(c, 8, stride=1) == nvl
+
+
+def test_the_loss_pays_its_fp32_passes_over_every_logit():
+    """The vocab-parallel cross-entropy's memory traffic (LOSS_BYTES_PER_LOGIT per logit, op by op) is on the last
+    stage's compute: a larger vocabulary costs its logits GEMM plus that traffic, split over tp."""
+    from analysis.flops import flops_breakdown
+    from launch.planner.shapes import shape_of
+    from launch.planner.steptime import LOSS_BYTES_PER_LOGIT, achievable_rate, hbm_bandwidth
+
+    def last_stage(vocab: int, tp: int) -> tuple[float, Job]:
+        j = _job(f"parallelism.tp={tp}", "parallelism.pp=1", f"model.vocab_size={vocab}")
+        return step_time(j).compute_s, j
+
+    for tp in (1, 4):
+        small, j = last_stage(32000, tp)
+        large, j2 = last_stage(256000, tp)
+        t = j.training
+        v1, v2 = shape_of(j.model, tp).vocab, shape_of(j2.model, tp).vocab
+        gemm = (flops_breakdown(j2.model, t.global_batch_size, padded_vocab_size=v2)["logits"]
+                - flops_breakdown(j.model, t.global_batch_size, padded_vocab_size=v1)["logits"]) / tp
+        traffic = LOSS_BYTES_PER_LOGIT * t.global_batch_size * j.model.seq_length * (v2 - v1) / tp
+        expected = gemm / achievable_rate(j) + traffic / hbm_bandwidth(j.cluster.gpu)
+        assert large - small == pytest.approx(expected / j.dp, rel=0.02), tp
