@@ -20,13 +20,16 @@ from published_runs import all_rows, summary
 ROWS = all_rows()
 SUMMARY = summary(ROWS)
 MISSES = {  # (source, kind, statistic) -> why the planner misses the target there
-    ("Smith 2022 (MT-NLG)", "speed", "median"): "DeepSpeed's pipeline engine ran the same 530B layout 23% slower than "
-                                      "Megatron's own (Narayanan Table 1: 163 vs 126 TFLOP/s); the planner models "
-                                      "Megatron's schedule, so it is 15-19% too fast here",
+    ("Smith 2022 (MT-NLG)", "speed", "median"): "DeepSpeed's pipeline engine ran the same 530B layout 23% slower "
+                                                "than Megatron's own (Narayanan Table 1: 163 vs 126 TFLOP/s). Its "
+                                                "documented differences are already in the rows: 1F1B without "
+                                                "interleaving (DeepSpeed issue #1110) and no overlap of the ZeRO "
+                                                "gradient reduce under pipelining (engine warning); nothing documented "
+                                                "explains the rest, so the planner is 15-18% too fast here",
     ("Megatron-Core r0.8 (H100)", "speed", "worst"): "the 32B tp8 pp1 dp48 row is +38% with micro-batch 1 (4 "
                                                     "microbatches per replica: 17 GB of fp32 gradients per GPU on one "
-                                                    "NIC hide only behind the last one's backward); the README does not "
-                                                    "give the micro-batch, and with 4 (one per replica) the row is -2%. "
+                                                    "NIC hide only behind the last one's backward); the README does "
+                                                    "not give the micro-batch, and with 4 (one per replica) it is -2%. "
                                                     "The 1.7B/7.1B rows are -18%/-12% (too fast): the README blames "
                                                     "small GEMMs, but wave quantization and the operands' arithmetic "
                                                     "intensity put their GEMMs as close to peak as the 462B's "
