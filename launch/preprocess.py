@@ -14,12 +14,13 @@ run leaves nothing half-written. Needs megatron-core (the ``[train]`` extra) for
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from launch.tokenizer import TokenizerError, get_tokenizer
 
@@ -61,17 +62,22 @@ def _encode(text: str) -> List[int]:
     return tok.tokenize(text) + [tok.eod]
 
 
-def _encoded(docs: Iterator[str], tokenizer_name: str, workers: int) -> Iterator[List[int]]:
-    """Token ids (EOD appended) of each document, in input order, from ``workers`` processes."""
+def _pool(tokenizer_name: str, workers: int) -> Any:
+    """A pool of ``workers`` tokenizing processes (spawned: no state inherited from this one), or a null
+    context for one process; a ``with`` block ends it."""
     if workers <= 1:
-        _init_worker(tokenizer_name)
-        for text in docs:
-            yield _encode(text)
-        return
+        return contextlib.nullcontext(None)
     import multiprocessing
 
-    with multiprocessing.get_context("spawn").Pool(workers, _init_worker, (tokenizer_name,)) as pool:
-        yield from pool.imap(_encode, docs, chunksize=CHUNK)
+    return multiprocessing.get_context("spawn").Pool(workers, _init_worker, (tokenizer_name,))
+
+
+def _encoded(pool: Any, docs: Iterator[str], tokenizer_name: str) -> Iterator[List[int]]:
+    """Token ids (EOD appended) of each document, in input order; with a pool, dispatching starts at once."""
+    if pool is None:
+        _init_worker(tokenizer_name)
+        return (_encode(text) for text in docs)
+    return pool.imap(_encode, docs, chunksize=CHUNK)
 
 
 def preprocess(input_path: Path, output_prefix: str, tokenizer_name: str = "byte", json_key: str = "text",
@@ -80,7 +86,6 @@ def preprocess(input_path: Path, output_prefix: str, tokenizer_name: str = "byte
     """Write ``output_prefix``.bin/.idx; returns (documents, tokens)."""
     tok = get_tokenizer(tokenizer_name)  # in this process too: a bad name fails before any worker starts
     import numpy
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
     Path(output_prefix).parent.mkdir(parents=True, exist_ok=True)
     dtype = numpy.uint16 if tok.vocab_size < 65500 else numpy.int32
@@ -89,19 +94,24 @@ def preprocess(input_path: Path, output_prefix: str, tokenizer_name: str = "byte
     position, docs, tokens = [0], 0, 0
     start = last = clock()
     try:
-        builder = IndexedDatasetBuilder(bin_tmp, dtype=dtype)
-        for ids in _encoded(iter_documents(input_path, json_key, position), tokenizer_name, workers):
-            builder.add_document(numpy.array(ids, dtype=dtype), [len(ids)])
-            docs, tokens = docs + 1, tokens + len(ids)
-            if progress is not None and clock() - last >= PROGRESS_EVERY_S:
-                last = clock()
-                mb = position[0] / 1e6
-                progress(f"preprocess: {docs:,} documents, {tokens:,} tokens, {mb:,.1f} MB of {size / 1e6:,.1f} "
-                         f"({100 * position[0] / size:.0f}%), {mb / max(last - start, 1e-9):.1f} MB/s, "
-                         f"{workers} worker(s)")
-        if docs == 0:
-            raise ValueError(f"{input_path}: no documents")
-        builder.finalize(idx_tmp)
+        with _pool(tokenizer_name, workers) as pool:
+            # the workers start tokenizing now, while this process imports megatron-core (torch: seconds)
+            encoded = _encoded(pool, iter_documents(input_path, json_key, position), tokenizer_name)
+            from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+            builder = IndexedDatasetBuilder(bin_tmp, dtype=dtype)
+            for ids in encoded:
+                builder.add_document(numpy.array(ids, dtype=dtype), [len(ids)])
+                docs, tokens = docs + 1, tokens + len(ids)
+                if progress is not None and clock() - last >= PROGRESS_EVERY_S:
+                    last = clock()
+                    mb = position[0] / 1e6
+                    progress(f"preprocess: {docs:,} documents, {tokens:,} tokens, {mb:,.1f} MB of "
+                             f"{size / 1e6:,.1f} ({100 * position[0] / size:.0f}%), "
+                             f"{mb / max(last - start, 1e-9):.1f} MB/s, {workers} worker(s)")
+            if docs == 0:
+                raise ValueError(f"{input_path}: no documents")
+            builder.finalize(idx_tmp)
         os.replace(bin_tmp, f"{output_prefix}.bin")
         os.replace(idx_tmp, f"{output_prefix}.idx")
     finally:

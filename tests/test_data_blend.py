@@ -246,3 +246,36 @@ def test_the_cli_refuses_a_vocab_mismatch_before_submission_and_writes_nothing(t
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert f"model.vocab_size 257 != hf:{bpe} vocabulary 300 (EOD id 0)" in proc.stderr
     assert "set model.vocab_size=300" in proc.stderr and not (tmp_path / "runs").exists()
+
+
+def test_the_eod_of_a_hf_tokenizer_comes_from_its_config_beside_it(tmp_path, bpe):
+    import json
+    import shutil
+
+    shutil.copy(bpe, tmp_path / "tokenizer.json")
+    token = next(t for t, i in json.loads(bpe.read_text())["model"]["vocab"].items() if i == 42)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": token}}))
+    assert get_tokenizer(f"hf:{tmp_path / 'tokenizer.json'}").eod == 42  # not <|endoftext|> (id 0)
+
+
+def test_what_a_compute_node_lacks_is_a_final_stop_reason(tmp_path, bpe, monkeypatch):
+    """train.data.start_refusal: a missing tokenizer package is unsupported software (exit 10), a missing
+    prefix or tokenizer file a storage error (exit 7); both final, neither a crash loop."""
+    import sys
+
+    from recovery.policy import FINAL_REASONS
+    from train.data import start_refusal
+
+    prefix = write_index(tmp_path / "c", (100,) * 20)
+    job = compose_job(TINY + [f"data.path={prefix}"])
+    assert start_refusal(job.data) is None
+    gone = compose_job(TINY + [f"data.path={tmp_path / 'gone'}"])
+    assert start_refusal(gone.data)["reason"] == "storage_error"
+    no_file = compose_job(TINY + [f"data.path={prefix}", f"data.tokenizer=hf:{tmp_path / 'x.json'}"])
+    assert start_refusal(no_file.data)["reason"] == "storage_error"
+    monkeypatch.setitem(sys.modules, "sentencepiece", None)  # the package is not installed on this node
+    (tmp_path / "sp.model").write_bytes(b"x")
+    sp = compose_job(TINY + [f"data.path={prefix}", f"data.tokenizer=sentencepiece:{tmp_path / 'sp.model'}"])
+    refused = start_refusal(sp.data)
+    assert refused["reason"] == "unsupported_software" and "'sentencepiece' package" in refused["detail"]
+    assert {"storage_error", "unsupported_software"} <= set(FINAL_REASONS)
