@@ -11,7 +11,8 @@ What it times (wall clock, ``time.perf_counter``, this process only, Hydra compo
 * one ``estimate`` of the 405B recipe (what ``launch/plan.py`` does per call);
 * the Llama 3 goodput simulation (7 intervals x 2,000 trials);
 * accuracy: estimated vs published step time, TFLOP/s per GPU and memory per GPU for every row of
-  ``tests/published_runs.py`` (six sources, citations there), per row and per source.
+  ``tests/published_runs.py`` (citations there), per row and per source; rows of models under 1B get
+  their own per-source line, marked as carrying no target.
 
 The machine is shared: the load average is recorded beside the numbers, which move with it;
 the CPU time of the process is recorded too (less sensitive to other processes than wall time).
