@@ -82,15 +82,21 @@ def check(job: Job, *, path_exists: Callable[[str], bool] = os.path.exists,
 
 
 def _recipe_support(job: Job) -> list[Problem]:
-    """Settings the planner models but the training recipe (train/train_loop.py: Megatron-Core DDP +
-    the distributed optimizer) does not run yet. ``launch/plan.py`` still estimates them; a job that
-    would train with them is refused rather than silently run without."""
+    """Settings the planner models but the training recipe cannot run. ``launch/plan.py`` still
+    estimates them; a job that would train with them is refused rather than silently run without.
+
+    ``sharding=full`` (ZeRO-3/FSDP): Megatron-Core 0.16's torch FSDP2 wrapper builds its device mesh
+    as "cuda" (``distributed/torch_fully_sharded_data_parallel.py``), so torch's ``fully_shard`` refuses
+    CPU parameters; Megatron's own FSDP (``use_megatron_fsdp``) trains on gloo, but saves only in its
+    ``fsdp_dtensor`` format, which is not the ``torch_dist`` format every other layout saves and reshards
+    from: a run that cannot write our checkpoints cannot be requeued or resumed in another layout."""
     p = job.parallelism
     out = []
     if p.sharding == "full":
         out.append(Problem(
-            "parallelism.sharding", "the training recipe does not shard weights and gradients yet (ZeRO-3/FSDP)",
-            "sharding=full, but train/train_loop.py builds Megatron-Core DDP + the distributed optimizer (ZeRO-1)",
+            "parallelism.sharding", "the training recipe does not shard weights and gradients (ZeRO-3/FSDP)",
+            "sharding=full: Megatron-Core FSDP checkpoints only in its fsdp_dtensor format, not the torch_dist "
+            "checkpoints train/megatron_ckpt.py writes, resumes and reshards (torch FSDP2 in Megatron-Core needs CUDA)",
             "set parallelism.sharding=optimizer with parallelism.distributed_optimizer=true "
             "(launch/plan.py estimates sharding=full for planning)"))
     return out

@@ -200,7 +200,8 @@ def test_settings_the_recipe_does_not_run_yet_are_refused_with_a_reason():
     job = compose_job(["model=70b", "cluster=lustre", "parallelism.sharding=full"])
     problems = {p.field: p for p in check(job, path_exists=lambda _: True)}
     assert "ZeRO-3/FSDP" in problems["parallelism.sharding"].message
-    assert "train_loop.py" in problems["parallelism.sharding"].arithmetic
+    assert "fsdp_dtensor" in problems["parallelism.sharding"].arithmetic
+    assert "distributed_optimizer=true" in problems["parallelism.sharding"].fix
 
 
 def test_overlap_with_its_prerequisites_is_accepted():
