@@ -146,16 +146,23 @@ def test_eacces_on_a_shard_of_a_real_run_is_an_environment_error(base_run):
         shutil.rmtree(world_readable, ignore_errors=True)
 
 
-def test_a_second_writer_is_refused_while_the_lock_is_held(base_run, tmp_path):
+def test_a_second_writer_is_refused_while_the_lock_is_held_and_writes_no_event(base_run, tmp_path):
+    """A second launch of a running run (the local launcher's spawner, the real worker) is refused with exit 9
+    naming the holder in its log, and writes nothing into the holder's event log or checkpoints: the running
+    attempt's status and report stay its own."""
     d = copy_run(base_run, tmp_path / "base")
+    events_before = (d / "events.jsonl").read_bytes()
+    checkpoints_before = digest(d / "checkpoints")
     held = lock.acquire(d / "run.lock", lock.me_from_env({}))  # a live holder: this test process
     try:
         r = run(d, "training.train_iters=6")
     finally:
         held.release()
     assert r.codes == [policy.EXIT_RUN_LOCKED], r.all_logs()
-    [stop] = [e for e in stops(r) if e["reason"] == "run_locked"]
-    assert f"pid {os.getpid()}" in stop["detail"]
+    log = r.log()
+    assert "not starting: run_locked" in log and f"pid {os.getpid()}" in log, log[-3000:]
+    assert (d / "events.jsonl").read_bytes() == events_before
+    assert digest(d / "checkpoints") == checkpoints_before
 
 
 @pytest.fixture

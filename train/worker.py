@@ -179,6 +179,8 @@ def _train(ctx: RankContext) -> int:
     job, t = ctx.job, ctx.job.training
     iters = train_loop.train_iters(job)
     start = find_start(ctx)  # rank 0 searches and decides, every rank follows
+    if not start.ok and start.decision["reason"] == "run_locked":
+        return _refuse_locked(ctx, start)
     ctx.emit("job_start", world_size=ctx.world, layout=ctx.layout, train_iters=iters, nodes=ctx.dist.nodes,
              source=ctx.dist.source)
     if not start.ok:
@@ -300,6 +302,16 @@ def _refuse_data(ctx: RankContext, refused: dict) -> int:
     ctx.emit("stop", reason=refused["reason"], code=code, detail=refused["detail"])
     ctx.emit("exit", reason=refused["reason"], code=code, step=None)
     return code
+
+
+def _refuse_locked(ctx: RankContext, start) -> int:
+    """Another live attempt holds the run lock: this process is not the run's writer, so it writes nothing into
+    the run (no event: the holder's event log, and the status and report read from it, stay the holder's). The
+    refusal is this attempt's log line and its exit code."""
+    dec = start.decision
+    ctx.events.enabled = False  # nothing later in this process may write into the holder's event log either
+    ctx.log(f"not starting: {dec['reason']}: {dec['detail']} (nothing written to {ctx.paths.events.name})")
+    return int(dec["code"])
 
 
 def _refuse_start(ctx: RankContext, start) -> int:
