@@ -135,6 +135,10 @@ def test_wandb_offline_two_attempts_share_one_run_id_and_say_once_that_steps_may
         for step in steps:
             tr.scalars(step, {"loss": 5.0 - step / 10})
         tr.close()
+    # each attempt is its own process in a job; its exit shuts W&B's service down, which completes the files
+    import wandb
+
+    wandb.teardown()
     run_id = paths.wandb_id.read_text().strip()
     runs = sorted((paths.run_dir / "wandb").glob("offline-run-*"))  # offline-run-<time>-<id>[-<n>]
     assert len(runs) == 2 and all((r / f"run-{run_id}.wandb").is_file() for r in runs)
