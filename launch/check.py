@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional
 
 from analysis import flops
 from launch import check_data, check_watch, planner, vocab
@@ -38,7 +38,7 @@ def padded_vocab_size(job: Job) -> int:
     return job.padded_vocab_size
 
 
-def notes(job: Job, read_lengths: Callable[[str], Sequence[int]] = check_data.sequence_lengths) -> list[str]:
+def notes(job: Job, read_index: Callable[[str], check_data.IndexFacts] = check_data.read_index) -> list[str]:
     """Facts worth printing that are not problems (vocab padding, derived dp, microbatches, data epochs)."""
     out = []
     padded = padded_vocab_size(job)
@@ -59,23 +59,23 @@ def notes(job: Job, read_lengths: Callable[[str], Sequence[int]] = check_data.se
         )
     if job.parallelism.name != "auto":
         out.extend(planner.memory_warnings(job))  # inside the planner's error band: may or may not fit
-    out.extend(check_data.notes(job, read_lengths))
+    out.extend(check_data.notes(job, read_index))
     return out
 
 
 def check(job: Job, *, path_exists: Callable[[str], bool] = os.path.exists,
-          read_lengths: Callable[[str], Sequence[int]] = check_data.sequence_lengths,
+          read_index: Callable[[str], check_data.IndexFacts] = check_data.read_index,
           load_tokenizer: Callable[[str], Any] = get_tokenizer) -> list[Problem]:
     """Every reason ``job`` cannot run as configured (empty list: it can).
 
-    The filesystem facts (``path_exists``, an index's ``read_lengths``, ``load_tokenizer``) are
+    The filesystem facts (``path_exists``, an index's ``read_index``, ``load_tokenizer``) are
     injected so tests can describe a dataset and a tokenizer without creating files.
     """
     problems: list[Problem] = []
     for rule in (positive_sizes, mesh, model_split, batch, features, _recipe_support, _overlap, _enums, _lifecycle,
                  _time, _cluster, _numbers, _strings, check_watch.problems):
         problems.extend(rule(job))
-    problems.extend(check_data.problems(job, path_exists, read_lengths, load_tokenizer))
+    problems.extend(check_data.problems(job, path_exists, read_index, load_tokenizer))
     if not has_size_errors(problems):
         problems.extend(_collaborators(job))
     return problems

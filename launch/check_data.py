@@ -1,15 +1,16 @@
 """The job check's data rules (called by :func:`launch.check.check`): prefixes, weights, tokens, tokenizer.
 
-Pure: the filesystem facts come in as functions (``path_exists``, ``read_lengths`` for an ``.idx``'s
-per-sequence token counts, ``load_tokenizer``), so tests can describe a dataset without files. The
-defaults, :func:`sequence_lengths` and :func:`launch.tokenizer.get_tokenizer`, read this machine's
+Pure: the filesystem facts come in as functions (``path_exists``, ``read_index`` for an ``.idx``'s
+sequence count and token ranges, ``load_tokenizer``), so tests can describe a dataset without files. The
+defaults, :func:`read_index` and :func:`launch.tokenizer.get_tokenizer`, read this machine's
 files (on a cluster, the login node sees the shared filesystem the ranks read).
 """
 from __future__ import annotations
 
+import os
 import struct
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence
+from typing import Any, Callable, List
 
 from launch import blend
 from launch.problems import Problem
@@ -22,20 +23,43 @@ class IndexUnreadable(ValueError):
     """An ``.idx`` file that is not Megatron's indexed-dataset index."""
 
 
-def sequence_lengths(prefix: str) -> Sequence[int]:
-    """Tokens per sequence of ``prefix.idx`` (memory-mapped; Megatron-Core's ``_IndexReader`` layout)."""
-    import numpy
+_DTYPE_SIZE = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 8, 7: 4, 8: 2}  # Megatron's DType codes -> bytes per token
 
+
+@dataclass(frozen=True)
+class IndexFacts:
+    """What the check needs of one ``.idx``: the sequence count and tokens in any range of sequences."""
+
+    sequences: int
+    tokens_in: Callable[[int, int], int]  # tokens of sequences [begin, end)
+
+
+def read_index(prefix: str) -> IndexFacts:
+    """``prefix.idx`` (Megatron-Core's ``_IndexReader`` layout, version 1), read in O(1): the tokens of a range
+    of sequences are the difference of two sequence pointers (byte offsets into ``.bin``) over the token size;
+    nothing is summed, so a billion-document index costs a few reads."""
     path = prefix + ".idx"
     with open(path, "rb") as f:
         head = f.read(34)
-    if len(head) < 34 or head[:9] != IDX_HEADER or struct.unpack("<Q", head[9:17])[0] != 1:
+        size = f.seek(0, os.SEEK_END)
+    if len(head) < 34 or head[:9] != IDX_HEADER or struct.unpack("<Q", head[9:17])[0] != 1 \
+            or head[17] not in _DTYPE_SIZE:
         raise IndexUnreadable(f"{path} is not a Megatron indexed-dataset index (header {head[:9]!r}, version 1)")
-    count = struct.unpack("<Q", head[18:26])[0]
-    mm = numpy.memmap(path, mode="r", dtype=numpy.uint8)
-    if mm.size < 34 + 4 * count:
-        raise IndexUnreadable(f"{path} is truncated: {mm.size} bytes for {count} sequences")
-    return numpy.frombuffer(mm, dtype=numpy.int32, count=count, offset=34)
+    token_bytes, count = _DTYPE_SIZE[head[17]], struct.unpack("<Q", head[18:26])[0]
+    if size < 34 + 12 * count:
+        raise IndexUnreadable(f"{path} is truncated: {size} bytes for {count} sequences")
+
+    def pointer(i: int) -> int:  # byte offset of sequence i in .bin; i == count: the end of the last one
+        with open(path, "rb") as f:
+            if i < count:
+                f.seek(34 + 4 * count + 8 * i)
+                return struct.unpack("<q", f.read(8))[0]
+            f.seek(34 + 4 * (count - 1))
+            last_len = struct.unpack("<i", f.read(4))[0]
+            f.seek(34 + 4 * count + 8 * (count - 1))
+            return struct.unpack("<q", f.read(8))[0] + last_len * token_bytes
+
+    return IndexFacts(count, lambda b, e: (pointer(e) - pointer(b)) // token_bytes if e > b else 0)
 
 
 @dataclass(frozen=True)
@@ -76,10 +100,8 @@ def _sizes(job: Any) -> tuple:
     return iters * t.global_batch_size, (t.eval_iters * t.global_batch_size if t.eval_interval > 0 else 0)
 
 
-def plans(job: Any, read_lengths: Callable[[str], Sequence[int]]) -> List[SourcePlan]:
+def plans(job: Any, read_index: Callable[[str], IndexFacts]) -> List[SourcePlan]:
     """Per source and split, the documents, tokens and samples of the run (raises what the readers raise)."""
-    import numpy
-
     d, seq = job.data, job.model.seq_length
     train = blend.train_sources(d, job.cluster.data_root)
     valid = blend.valid_sources(d, job.cluster.data_root)
@@ -91,14 +113,13 @@ def plans(job: Any, read_lengths: Callable[[str], Sequence[int]]) -> List[Source
         splits.append(("valid", 1, train, n_valid) if not valid else ("valid", 0, valid, n_valid))
     for label, index, sources, n in splits:
         for src, samples in zip(sources, blend.samples_per_source(sources, n)):
-            lengths = read_lengths(src.path)
-            b, e = blend.split_range(fractions, index, len(lengths))
-            tokens = int(numpy.asarray(lengths[b:e], dtype=numpy.int64).sum()) if e > b else 0
-            out.append(SourcePlan(src, label, (b, e), len(lengths), tokens, samples, seq))
+            facts = read_index(src.path)
+            b, e = blend.split_range(fractions, index, facts.sequences)
+            out.append(SourcePlan(src, label, (b, e), facts.sequences, facts.tokens_in(b, e), samples, seq))
     return out
 
 
-def problems(job: Any, path_exists: Callable[[str], bool], read_lengths: Callable[[str], Sequence[int]],
+def problems(job: Any, path_exists: Callable[[str], bool], read_index: Callable[[str], IndexFacts],
              load_tokenizer: Callable[[str], Any]) -> List[Problem]:
     d = job.data
     if d.kind != "indexed":
@@ -123,7 +144,7 @@ def problems(job: Any, path_exists: Callable[[str], bool], read_lengths: Callabl
                               f"check {s.field} (a prefix: data/corpus_text_document for corpus_text_document.bin"
                               "/.idx); a path only the compute nodes see needs force=true") for s, m in missing]
     try:
-        split_plans = plans(job, read_lengths)
+        split_plans = plans(job, read_index)
     except (IndexUnreadable, OSError) as e:
         return out + [Problem("data.path" if not d.blend else "data.blend", "an index file cannot be read", str(e),
                               "recreate it with python -m launch.preprocess")]
@@ -154,11 +175,11 @@ def _tokenizer(job: Any, load_tokenizer: Callable[[str], Any]) -> List[Problem]:
     return []
 
 
-def notes(job: Any, read_lengths: Callable[[str], Sequence[int]]) -> List[str]:
+def notes(job: Any, read_index: Callable[[str], IndexFacts]) -> List[str]:
     """Per source: documents and tokens of its split, samples drawn, tokens needed, epochs."""
     if job.data.kind != "indexed":
         return []
     try:
-        return [p.line() for p in plans(job, read_lengths)]
+        return [p.line() for p in plans(job, read_index)]
     except (ValueError, OSError):
         return []  # check() reports why

@@ -13,7 +13,7 @@ from datafiles import corpus, train_bpe, write_index
 
 from launch import blend
 from launch.check import check, notes
-from launch.check_data import sequence_lengths
+from launch.check_data import read_index
 from launch.compose import compose_job, job_to_yaml, load_job
 from launch.tokenizer import HFTokenizer, TokenizerError, get_tokenizer
 
@@ -121,7 +121,8 @@ def test_the_index_reader_reads_what_megatrons_builder_writes(tmp_path):
     for n in (5, 17, 3):
         builder.add_document(np.arange(n, dtype=np.uint16), [n])
     builder.finalize(str(tmp_path / "m.idx"))
-    assert list(sequence_lengths(str(tmp_path / "m"))) == [5, 17, 3]
+    facts = read_index(str(tmp_path / "m"))
+    assert facts.sequences == 3 and [facts.tokens_in(0, 3), facts.tokens_in(1, 2), facts.tokens_in(2, 3)] == [25, 17, 3]
     ours = write_index(tmp_path / "ours", (5, 17, 3))  # the test helper's files are Megatron's format too
     ds = IndexedDataset(str(ours))
     assert list(ds.sequence_lengths) == [5, 17, 3] and list(ds.document_indices) == [0, 1, 2, 3]
