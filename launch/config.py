@@ -220,6 +220,7 @@ class TrainingConfig:
     eval_iters: int = 2  # global batches of the validation split per evaluation (the same batches every time)
     checkpoint_interval: Any = 10  # steps between periodic saves, or 'auto' (Young/Daly)
     keep_checkpoints: int = 3  # newest K verified checkpoints kept
+    async_save: bool = True  # periodic saves write in the background (Megatron-Core's async path); stops save sync
     signal_lead_time_s: int = 120  # --signal lead: warning this long before the time limit
     max_restarts: int = 20  # requeues allowed before giving up
     zero_progress_restarts: int = 3  # stop after N consecutive restarts with no new checkpoint

@@ -56,20 +56,33 @@ def expected_waste(interval_s: float, save_s: float, mtbf_s: float) -> float:
     return save_s / interval_s + (interval_s + save_s) / (2.0 * mtbf_s)
 
 
-def interval_steps(save_s: float, step_s: float, mtbf_s: float) -> tuple[int, str]:
-    """Daly's optimum in whole steps (>= 1), and the arithmetic as a sentence for the log."""
+def interval_steps(save_s: float, step_s: float, mtbf_s: float,
+                   write_s: Optional[float] = None) -> tuple[int, str]:
+    """Daly's optimum in whole steps (>= 1), and the arithmetic as a sentence for the log.
+
+    ``save_s`` is what one save stalls training (the overhead term C). With asynchronous saves
+    the checkpoint becomes durable ``write_s`` (W >= C) after it starts: a failure in that window
+    falls back to the previous one, so W replaces C in the exposure term of the expected waste
+    (C/tau + (tau+W)/2M); the interval itself is Daly's with the overhead C.
+    """
     if step_s <= 0:
         raise ValueError(f"step time must be > 0 s, got {step_s}")
     young = young_interval_s(save_s, mtbf_s)
     daly = daly_interval_s(save_s, mtbf_s)
     steps = max(1, int(round(daly / step_s)))
     tau = steps * step_s
-    waste = expected_waste(tau, save_s, mtbf_s)
+    if write_s is None:
+        waste = expected_waste(tau, save_s, mtbf_s)
+        cost = f"save C={save_s:.3g} s"
+        waste_txt = f"expected waste C/tau+(tau+C)/2M = {100 * waste:.2f}%"
+    else:
+        waste = save_s / tau + (tau + write_s) / (2.0 * mtbf_s)
+        cost = f"async save: blocking C={save_s:.3g} s, durable after W={write_s:.3g} s"
+        waste_txt = f"expected waste C/tau+(tau+W)/2M = {100 * waste:.2f}%"
     reasoning = (
-        f"save C={save_s:.3g} s, step {step_s:.3g} s, job MTBF M={mtbf_s:.4g} s ({mtbf_s / 3600:.3g} h): "
+        f"{cost}, step {step_s:.3g} s, job MTBF M={mtbf_s:.4g} s ({mtbf_s / 3600:.3g} h): "
         f"Young sqrt(2CM)={young:.4g} s, Daly sqrt(2CM)(1+sqrt(C/2M)/3+C/18M)-C={daly:.4g} s "
-        f"= {daly / step_s:.4g} steps -> every {steps} step(s) ({tau:.4g} s); "
-        f"expected waste C/tau+(tau+C)/2M = {100 * waste:.2f}%"
+        f"= {daly / step_s:.4g} steps -> every {steps} step(s) ({tau:.4g} s); {waste_txt}"
     )
     return steps, reasoning
 
@@ -94,12 +107,14 @@ def resolve_interval(
     step_s: float,
     node_mtbf_hours: float,
     nodes: int,
+    write_s: Optional[float] = None,
 ) -> tuple[int, str]:
-    """``training.checkpoint_interval`` -> (steps, reasoning): an int is used as given, 'auto' is Daly's."""
+    """``training.checkpoint_interval`` -> (steps, reasoning): an int is used as given, 'auto' is Daly's
+    (``save_s``: the blocking time of a save; ``write_s``: until it is durable, async saves only)."""
     steps = parse_interval(value)
     if steps is None:
         mtbf = job_mtbf_s(node_mtbf_hours, nodes)
-        steps, why = interval_steps(save_s, step_s, mtbf)
+        steps, why = interval_steps(max(save_s, 1e-6), step_s, mtbf, write_s)
         return steps, f"auto: node MTBF {node_mtbf_hours:g} h / {nodes} node(s); {why}"
     return steps, f"configured: every {steps} step(s)"
 

@@ -334,19 +334,22 @@ def failed_nodes(run_dir: Path) -> list[dict]:
 
 # ---- lead time -------------------------------------------------------------------------------
 
-def lead_time_warning(lead_s: float, step_s: float, save_s: float) -> Optional[str]:
+def lead_time_warning(lead_s: float, step_s: float, save_s: float, wait_s: float = 0.0) -> Optional[str]:
     """A warning when the signal lead time cannot fit the rest of a step plus a save.
 
     After the warning signal, the worst case is that the current step has just begun: it
-    must finish (``step_s``), then the stop checkpoint must be written and committed
-    (``save_s``), all before Slurm's SIGKILL at the time limit. None when it fits.
+    must finish (``step_s``), then an asynchronous save still in flight must be written and
+    committed (``wait_s``, its whole write time in the worst case; 0 with synchronous saves),
+    then the stop checkpoint must be written and committed (``save_s``), all before Slurm's
+    SIGKILL at the time limit. None when it fits.
     """
-    need = step_s + save_s
+    need = step_s + wait_s + save_s
     if lead_s >= need:
         return None
     suggest = int(-(-need * 1.5 // 1))
+    wait = f" + the async save in flight {wait_s:.1f} s" if wait_s > 0 else ""
     return (
-        f"signal lead time {lead_s:g} s < one step {step_s:.1f} s + one save {save_s:.1f} s = "
+        f"signal lead time {lead_s:g} s < one step {step_s:.1f} s{wait} + one save {save_s:.1f} s = "
         f"{need:.1f} s: the job can be killed before its stop checkpoint is durable, losing the "
         f"work since the last periodic checkpoint; set training.signal_lead_time_s >= {suggest} "
         f"(1.5 x {need:.1f} s)"

@@ -197,3 +197,24 @@ def test_pure_recovery_modules_do_not_import_torch():
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_async_interval_charges_the_blocking_time_and_exposes_the_write_time():
+    from recovery.interval import interval_steps, job_mtbf_s
+
+    mtbf = job_mtbf_s(24.0, 16)
+    sync_steps, _ = interval_steps(60.0, 10.0, mtbf)
+    async_steps, why = interval_steps(3.0, 10.0, mtbf, write_s=60.0)
+    assert async_steps < sync_steps  # a save that stalls 3 s instead of 60 s is worth doing more often
+    assert "blocking C=3 s" in why and "W=60 s" in why and "(tau+W)/2M" in why
+    tau = async_steps * 10.0
+    want = 3.0 / tau + (tau + 60.0) / (2 * mtbf)
+    assert f"{100 * want:.2f}%" in why
+
+
+def test_lead_time_counts_the_wait_for_an_async_save_in_flight():
+    from recovery.policy import lead_time_warning
+
+    assert lead_time_warning(30, 5.0, 10.0) is None
+    warn = lead_time_warning(30, 5.0, 10.0, wait_s=20.0)
+    assert warn is not None and "the async save in flight 20.0 s" in warn and "35.0 s" in warn

@@ -215,7 +215,8 @@ class _RecordingCheckpointer:
 def test_checkpointer_saves_at_the_interval_but_never_after_the_last_step(tmp_path):
     from train.train_loop import TrainState
 
-    ckpt = _RecordingCheckpointer.make(_rank_context(tmp_path, ["training.checkpoint_interval=3"]))
+    ckpt = _RecordingCheckpointer.make(_rank_context(tmp_path, ["training.checkpoint_interval=3",
+                                                                "training.async_save=false"]))
     for step in range(1, 10):
         ckpt.after_step(TrainState(step, step * 8), step_s=1.0, iters=9)
     assert ckpt.saves == [(3, "interval"), (6, "interval")]  # 9 is the final save's, not the interval's
@@ -228,7 +229,8 @@ def test_checkpointer_resolves_auto_after_the_first_save_and_checks_the_lead_tim
     from recovery.events import read_events
     from train.train_loop import TrainState
 
-    ctx = _rank_context(tmp_path, ["training.checkpoint_interval=auto", "training.signal_lead_time_s=1"])
+    ctx = _rank_context(tmp_path, ["training.checkpoint_interval=auto", "training.signal_lead_time_s=1",
+                                   "training.async_save=false"])
     ckpt = _RecordingCheckpointer.make(ctx)
     assert ckpt.interval is None
     for step in range(1, 4):
@@ -238,6 +240,51 @@ def test_checkpointer_resolves_auto_after_the_first_save_and_checks_the_lead_tim
     assert [e["interval"] for e in events if e["event"] == "checkpoint_interval"] == [ckpt.interval]
     warnings = [e for e in events if e["event"] == "lead_time_warning"]
     assert len(warnings) == 1 and warnings[0]["save_s"] == 2.0  # 1 s lead < 1 s step + 2 s save, said once
+
+
+def _async_recording(ctx):
+    """The async schedule with the collective start and poll replaced: a save stays in flight until finished."""
+    from train.async_ckpt import InFlight
+    from train.checkpointer import Checkpointer
+
+    ckpt = Checkpointer(ctx, parts=None)
+    ckpt.started = []
+
+    def start(state, reason):
+        ckpt.started.append(state.step)
+        ckpt.pending = InFlight(state.step, reason, 0.0, 0.5, {})
+
+    ckpt._start_async = start
+    ckpt.poll = lambda blocking=False: None
+    return ckpt
+
+
+def test_async_saves_one_in_flight_a_due_save_is_delayed_and_said_once(tmp_path):
+    from recovery.events import read_events
+    from train.train_loop import TrainState
+
+    ctx = _rank_context(tmp_path, ["training.checkpoint_interval=2", "training.async_save=true"])
+    ckpt = _async_recording(ctx)
+    for step in range(1, 7):
+        ckpt.after_step(TrainState(step, step * 8), step_s=1.0, iters=20)
+    assert ckpt.started == [2]  # 4 and 6 came due while 2 was still in flight
+    delayed = [e for e in read_events(ctx.paths.events) if e["event"] == "checkpoint_delayed"]
+    assert [(e["step"], e["pending_step"]) for e in delayed] == [(4, 2)] and "delayed" in delayed[0]["detail"]
+    ckpt.saved_steps.add(2)
+    ckpt.pending = None  # the save of step 2 committed
+    ckpt.after_step(TrainState(7, 56), step_s=1.0, iters=20)  # the delayed save happens at the next boundary
+    assert ckpt.started == [2, 7]
+    ckpt.pending = None
+    ckpt.saved_steps.add(7)
+    ckpt.after_step(TrainState(8, 64), step_s=1.0, iters=20)  # and the schedule goes on
+    assert ckpt.started == [2, 7, 8]
+
+
+def test_async_save_is_the_default_and_can_be_turned_off():
+    from launch.compose import compose_job
+
+    assert compose_job(["model=tiny"]).training.async_save is True
+    assert compose_job(["model=tiny", "training.async_save=false"]).training.async_save is False
 
 
 def test_test_hooks_come_from_the_environment_only():

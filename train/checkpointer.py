@@ -133,6 +133,22 @@ class Checkpointer:
         self.interval: Optional[int] = configured_interval(ctx.job.training)  # None: auto, not measured yet
         self.saved_steps: set[int] = set()
         self._lead_checked = False
+        self.async_save = bool(getattr(ctx.job.training, "async_save", False))
+        self.pending: Optional[Any] = None  # train.async_ckpt.InFlight: the one asynchronous save in flight
+        self._writer: Optional[Any] = None  # train.async_ckpt.AsyncWriter, made at the first async save
+        self._owed: Optional[int] = None  # the step an interval save came due while one was in flight
+        self._auto_started = False  # 'auto': the measuring save has started
+        self._warmup: Optional[Any] = None  # the thread starting dist_checkpointing's writer early
+
+    def warm_up(self) -> None:
+        """Before the first save is due: start dist_checkpointing's write-results manager in the background
+        (:func:`train.async_ckpt.warm_writer`), so the first save does not pay for a cold writer."""
+        from train.async_ckpt import warm_writer
+
+        self._warmup, problem = warm_writer()
+        if problem:
+            self.ctx.log(f"WARNING: {problem}")
+            self.ctx.emit("checkpoint_writer_cold", detail=problem)
 
     # ---- resume ---------------------------------------------------------------------------
 
@@ -172,6 +188,8 @@ class Checkpointer:
         from train.train_loop import TrainState
 
         ctx, t = self.ctx, self.ctx.job.training
+        if self.pending is not None:  # its step precedes the non-finite one: let it become the rollback target
+            self.wait_pending("nan rollback")
         res = find_latest_verified(ctx.paths.checkpoints, storage=ctx.storage) if ctx.is_first else None
         path = broadcast(res.path if res is not None else None)
         if not path:
@@ -195,28 +213,71 @@ class Checkpointer:
     # ---- save -----------------------------------------------------------------------------
 
     def after_step(self, state: Any, step_s: float, iters: int) -> None:
-        """A step is done: save at the interval (the first step resolves ``auto``); never after the last step."""
+        """A step is done: finish an async save whose write ended, then save at the interval (the first step
+        resolves ``auto``); never after the last step (the final save is save_final's)."""
+        self.poll()
         if state.step >= iters:
-            return  # the final save is save_final's
-        save_s = 0.0
+            return
         if self.interval is None:
+            if not self._auto_started:  # the measuring save (async: resolved when it commits)
+                self._auto_started = True
+                self._periodic(state, step_s)
+            return
+        if state.step % self.interval == 0 or self._owed is not None:
+            self._periodic(state, step_s)
+
+    def _periodic(self, state: Any, step_s: float) -> None:
+        """An interval save: asynchronous if configured (at most one in flight), else synchronous."""
+        from recovery.signals import deferred
+
+        self._step_s = step_s
+        if not self.async_save:
             save_s = self.save(state, "interval")
-            self.interval = self._resolve_auto(step_s, save_s)
-        elif state.step % self.interval == 0:
-            save_s = self.save(state, "interval")
-        if save_s > 0 and not self._lead_checked:  # the first measured save: is the lead time enough?
-            self._check_lead(step_s, save_s)
-            self._lead_checked = True
+            if self.interval is None:
+                self.interval = self._resolve_auto(step_s, save_s)
+            if save_s > 0 and not self._lead_checked:  # the first measured save: is the lead time enough?
+                self._check_lead(step_s, save_s)
+                self._lead_checked = True
+            return
+        if self.pending is not None:
+            if self._owed is None:  # said once per delayed save
+                self._owed = state.step
+                msg = (f"checkpoint at iteration {state.step} delayed: the asynchronous save of iteration "
+                       f"{self.pending.step} is still being written (at most one save in flight); it is saved "
+                       f"at the first step boundary after that one is committed")
+                self.ctx.log(f"WARNING: {msg}")
+                self.ctx.emit("checkpoint_delayed", step=state.step, pending_step=self.pending.step, detail=msg)
+            return
+        self._owed = None
+        if state.step == 0 or state.step in self.saved_steps:
+            return
+        with deferred():
+            self._start_async(state, "interval")
 
     def save_final(self, state: Any) -> None:
         """At the end of training: make the last step durable unless it already is."""
         if state.step not in self.saved_steps:
             self.save(state, "final")
+        self.close()
+
+    def close(self) -> None:
+        """No asynchronous save left in flight or half-agreed; the writer and commit thread ended."""
+        if self.pending is not None:
+            self.wait_pending("shutdown")
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
     def save(self, state: Any, reason: str) -> float:
-        """Every rank: a checkpoint of ``state`` (reason: interval | signal | final); its seconds (0: none needed)."""
+        """Every rank: a checkpoint of ``state`` (reason: interval | signal | final); its seconds (0: none needed).
+
+        An asynchronous save still in flight is finished (written, committed, agreed) first; the step is
+        then saved synchronously unless it is the one that save just made durable."""
         from recovery.signals import deferred
 
+        t0 = self.ctx.clock()
+        if self.pending is not None:
+            self.wait_pending(reason)
         if state.step == 0 or state.step in self.saved_steps:
             # Nothing new to make durable: a step-0 checkpoint holds no optimizer state (Adam's
             # is created by the first step) and would break the next attempt's load; a step
@@ -239,6 +300,7 @@ class Checkpointer:
         ctx, step = self.ctx, state.step
         t0 = ctx.clock()
         ctx.beat("save", step)
+        self._join_warmup()
         final = ctx.paths.checkpoint(step)
         ctx.log(f"saving checkpoint at iteration {step:7d} to {final}")
         stop = None
@@ -275,6 +337,128 @@ class Checkpointer:
         ctx.beat("saved", step, seconds)
         ctx.log(f"  successfully saved checkpoint at iteration {step:7d} to {final} ({seconds:.2f} s)")
         return seconds
+
+    # ---- asynchronous saves (train.async_ckpt) ------------------------------------------------
+
+    def _start_async(self, state: Any, reason: str) -> None:
+        """Every rank: stage (rank 0), plan and fork this rank's shard writer; training goes on meanwhile."""
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        from train import megatron_ckpt
+        from train.async_ckpt import AsyncWriter, InFlight
+
+        ctx, step = self.ctx, state.step
+        t0 = ctx.clock()
+        ctx.beat("save", step)
+        self._join_warmup()
+        ctx.log(f"saving checkpoint at iteration {step:7d} to {ctx.paths.checkpoint(step)} (asynchronous)")
+        stop = self._stage(step) if ctx.is_first else None
+        self._agree(stop)
+        meta = self._meta(state)
+        chunks, optimizer, scheduler = self.parts
+        sd = megatron_ckpt.sharded_state(chunks, optimizer, scheduler, meta,
+                                         distributed_optimizer=self._distributed_optimizer, is_loading=False)
+        if self._writer is None:
+            self._writer = AsyncWriter(ctx.is_first)
+        try:
+            request = megatron_ckpt.start_shards_async(ctx.paths.staging(step), sd,
+                                                       distributed_optimizer=self._distributed_optimizer)
+            self._writer.schedule(request, ctx.hooks.async_write_sleep_s)
+        except (Exception, CheckpointException) as e:
+            self._agree(self._failed(e, step) if ctx.is_first else None, e)
+            raise
+        blocking = ctx.clock() - t0
+        self.pending = InFlight(step, reason, t0, blocking, meta)
+        ctx.beat("train", step)  # the write goes on in the background: the watchdog watches steps again
+        ctx.emit("checkpoint_async_started", step=step, blocking_s=blocking, reason=reason)
+        ctx.log(f"  checkpoint at iteration {step:7d} is being written in the background "
+                f"(training blocked {blocking:.2f} s)")
+
+    def poll(self, blocking: bool = False) -> None:
+        """Every rank, at a step boundary (collective): move the save in flight on when its write ended on
+        every rank (finalize, then rank 0 commits in a thread) and when the commit is done (agree on it)."""
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        p, ctx = self.pending, self.ctx
+        if p is None:
+            return
+        if p.phase == "write":
+            try:
+                done = self._writer.finalized(blocking)
+            except (Exception, CheckpointException) as e:  # a failed write on any rank reaches every rank
+                self.pending = None
+                self._agree(self._failed(e, p.step) if ctx.is_first else None, e)
+                raise
+            if not done:
+                return
+            p.written_s = ctx.clock() - p.t0
+            p.phase = "commit"
+            if ctx.is_first:
+                p.commit = self._writer.submit(self._commit_async, p)
+        kind, value, shared = "", None, None
+        if ctx.is_first:
+            kind, value = p.commit.result() if (blocking or p.commit.done()) else ("running", None)
+            shared = ("failed", None) if kind == "error" else (kind, value if kind == "failed" else None)
+        shared = broadcast(shared)  # ("running" | "ok" | "failed", the stop on a refused commit)
+        if shared[0] == "running":
+            return
+        self.pending = None
+        if kind == "error":  # rank 0's own crash (not a storage error): raised as it is
+            raise value
+        if shared[0] == "failed":
+            if shared[1] is None:
+                raise RuntimeError(f"rank 0 failed committing the checkpoint of iteration {p.step}")
+            raise SaveFailed(shared[1])
+        self._async_committed(p, value)
+
+    def wait_pending(self, why: str) -> float:
+        """Every rank: block until the save in flight is written, committed and agreed; the seconds waited."""
+        from recovery.signals import deferred
+
+        p, ctx = self.pending, self.ctx
+        t0 = ctx.clock()
+        ctx.beat("save", p.step)
+        ctx.log(f"waiting for the asynchronous save of iteration {p.step} ({why})")
+        with deferred():
+            self.poll(blocking=True)
+        waited = ctx.clock() - t0
+        ctx.emit("checkpoint_wait", step=p.step, seconds=waited, reason=why)
+        ctx.log(f"  the asynchronous save of iteration {p.step} is durable (waited {waited:.2f} s)")
+        return waited
+
+    def _async_committed(self, p: Any, result: Any) -> None:
+        """Every rank: the agreed end of an asynchronous save (rank 0 holds the commit's result)."""
+        ctx = self.ctx
+        total = ctx.clock() - p.t0
+        if ctx.is_first:
+            self._committed(result, p.step, p.reason, p.t0, blocking_s=p.blocking_s, written_s=p.written_s,
+                            mode="async")
+        self.saved_steps.add(p.step)
+        ctx.beat("saved", p.step, total)
+        ctx.log(f"  successfully saved checkpoint at iteration {p.step:7d} to {ctx.paths.checkpoint(p.step)} "
+                f"(asynchronous: training blocked {p.blocking_s:.2f} s, written {p.written_s:.2f} s, "
+                f"durable {total:.2f} s after the start)")
+        step_s = getattr(self, "_step_s", 0.0)
+        if self.interval is None and step_s > 0:
+            self.interval = self._resolve_auto(step_s, p.blocking_s, total)
+        if not self._lead_checked and step_s > 0:
+            self._check_lead(step_s, total, wait_s=total)
+            self._lead_checked = True
+
+    def _commit_async(self, p: Any) -> tuple:
+        """Rank 0's commit thread: every rank's shards are written and finalized; make them durable."""
+        from recovery import commit
+
+        ctx = self.ctx
+        try:
+            if ctx.hooks.save_sleep_s > 0:
+                ctx.sleep(ctx.hooks.save_sleep_s)
+            result = commit.commit(ctx.paths.checkpoints, p.step, p.meta, keep=ctx.job.training.keep_checkpoints,
+                                   storage=ctx.storage, run=self.identity)
+            return ("ok", result)
+        except Exception as e:
+            stop = self._failed(e, p.step)
+            return ("failed", stop) if stop is not None else ("error", e)
 
     def _stage(self, step: int) -> Optional[dict]:
         """Rank 0: an empty staging directory, and the free-space check against the expected size."""
@@ -316,11 +500,11 @@ class Checkpointer:
         if stop is not None:
             raise SaveFailed(stop) from exc
 
-    def _committed(self, result: Any, step: int, reason: str, t0: float) -> None:
+    def _committed(self, result: Any, step: int, reason: str, t0: float, **extra: Any) -> None:
         ctx = self.ctx
         self.last_bytes = result.bytes
         ctx.emit("checkpoint_saved", step=step, path=str(result.path), seconds=ctx.clock() - t0,
-                 bytes=result.bytes, reason=reason)
+                 bytes=result.bytes, reason=reason, **extra)
         for original, dest, why in result.quarantined:
             ctx.emit("quarantine", path=str(original), to=str(dest), reason=why, detail=f"quarantined: {why}")
             ctx.log(f"WARNING: quarantined {original} -> {dest}: {why}")
@@ -350,22 +534,34 @@ class Checkpointer:
 
     # ---- interval and lead time -------------------------------------------------------------
 
-    def _resolve_auto(self, step_s: float, save_s: float) -> int:
+    def _resolve_auto(self, step_s: float, save_s: float, write_s: Optional[float] = None) -> int:
+        """Young/Daly from the measured save: ``save_s`` is what a save stalls training (the overhead term);
+        ``write_s`` (async) how long until it is durable (the exposure term), by default the same."""
         job = self.ctx.job
         steps, why = resolve_interval(job.training.checkpoint_interval, save_s=save_s, step_s=step_s,
-                                      node_mtbf_hours=job.cluster.node_mtbf_hours, nodes=job.cluster.nodes)
-        self.ctx.emit("checkpoint_interval", interval=steps, reasoning=why)
+                                      node_mtbf_hours=job.cluster.node_mtbf_hours, nodes=job.cluster.nodes,
+                                      write_s=write_s)
+        self.ctx.emit("checkpoint_interval", interval=steps, reasoning=why, blocking_s=save_s,
+                      write_s=save_s if write_s is None else write_s)
         self.ctx.log(f"checkpoint interval: {why}")
         return steps
 
-    def _check_lead(self, step_s: float, save_s: float) -> None:
+    def _check_lead(self, step_s: float, save_s: float, wait_s: float = 0.0) -> None:
+        """Does the signal lead time fit the rest of a step, the wait for an async save in flight (``wait_s``,
+        its whole write in the worst case) and the synchronous stop save?"""
         from recovery import policy
 
         lead = self.ctx.job.training.signal_lead_time_s
-        warn = policy.lead_time_warning(lead, step_s, save_s)
+        warn = policy.lead_time_warning(lead, step_s, save_s, wait_s=wait_s)
         if warn:
             self.ctx.log(f"WARNING: {warn}")
-            self.ctx.emit("lead_time_warning", lead_s=lead, step_s=step_s, save_s=save_s, detail=warn)
+            self.ctx.emit("lead_time_warning", lead_s=lead, step_s=step_s, save_s=save_s, wait_s=wait_s,
+                          detail=warn)
+
+    def _join_warmup(self) -> None:
+        if self._warmup is not None:
+            self._warmup.join()
+            self._warmup = None
 
     @property
     def _distributed_optimizer(self) -> bool:

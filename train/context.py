@@ -25,6 +25,7 @@ from recovery.watchdog import Heartbeat
 # The test hooks, read only from the environment (never set them in production).
 STEP_SLEEP_ENV = "SLURMTRON_TEST_STEP_SLEEP_S"
 SAVE_SLEEP_ENV = "SLURMTRON_TEST_SAVE_SLEEP_S"
+ASYNC_WRITE_SLEEP_ENV = "SLURMTRON_TEST_ASYNC_WRITE_SLEEP_S"  # the forked async writer sleeps before writing
 PARAM_DIGEST_ENV = "SLURMTRON_TEST_PARAM_DIGEST"
 FAIL_AT_ITER_ENV = "SLURMTRON_TEST_FAIL_AT_ITER"
 HANG_AT_ITER_ENV = "SLURMTRON_TEST_HANG_AT_ITER"  # with _HANG_RANK (0), _HANG_IN (data|save), _HANG_S (3600)
@@ -39,6 +40,7 @@ class Hooks:
 
     step_sleep_s: float = 0.0
     save_sleep_s: float = 0.0
+    async_write_sleep_s: float = 0.0
     param_digest: bool = False
     fail_at_iter: Optional[int] = None
     hang_at_iter: int = 0
@@ -57,6 +59,7 @@ class Hooks:
         return Hooks(
             step_sleep_s=float(env.get(STEP_SLEEP_ENV) or 0.0),
             save_sleep_s=float(env.get(SAVE_SLEEP_ENV) or 0.0),
+            async_write_sleep_s=float(env.get(ASYNC_WRITE_SLEEP_ENV) or 0.0),
             param_digest=bool(env.get(PARAM_DIGEST_ENV)),
             fail_at_iter=int(fail) if fail else None,
             hang_at_iter=int(env.get(HANG_AT_ITER_ENV) or 0),

@@ -156,6 +156,17 @@ def save_shards(path: Path, state: Dict[str, Any], *, distributed_optimizer: boo
     )
 
 
+def start_shards_async(path: Path, state: Dict[str, Any], *, distributed_optimizer: bool) -> Any:
+    """Every rank: plan the save of ``state`` into ``path`` and write ``common.pt`` (rank 0) now; the shard
+    write is the returned ``AsyncRequest``, to schedule with :class:`train.async_ckpt.AsyncWriter`."""
+    return dist_checkpointing.save(
+        state,
+        str(path),
+        content_metadata=DIST_OPT_METADATA if distributed_optimizer else None,
+        async_sharded_save=True,
+    )
+
+
 def check_optimizer_type(saved: Dict[str, Any], distributed_optimizer: bool, path: Path) -> None:
     """Refuse a checkpoint written by the other optimizer type (their formats are incompatible)."""
     saved_dist = saved.get("distributed_optimizer")

@@ -193,6 +193,7 @@ def _train(ctx: RankContext) -> int:
 
     parts = train_loop.build_training(job, iters, cuda=ctx.cuda, device=ctx.device)
     ckpt = Checkpointer(ctx, parts, start.identity)
+    ckpt.warm_up()  # dist_checkpointing's writer starts while the checkpoint loads (no cold first save)
     state = ckpt.load(start.resume)
     if state.step >= iters:
         ctx.log(f"run {job.run.name} is already complete: step {state.step} of {iters} loaded, nothing to train "
@@ -244,6 +245,8 @@ def _finish(ctx: RankContext, ckpt, parts, result, judge=None) -> int:
 
     if ctx.hooks.param_digest:
         print(f"parameter digest rank {ctx.rank}: {param_digest(parts.chunks)}", flush=True)
+    if result.reason != "completed":
+        ckpt.close()  # an asynchronous save in flight is made durable before the stop (a stop's save did it)
 
     if result.reason == "nan":
         from recovery.policy import EXIT_NAN
