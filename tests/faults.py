@@ -61,10 +61,15 @@ class Fault:
     signum: int = signal.SIGUSR2
     rank: int = 0
     env: Mapping[str, str] = field(default_factory=dict)  # extra env for this attempt only
+    # "async_write": also wait until an asynchronous save is being written (started, not yet committed);
+    # run the attempt with SLURMTRON_TEST_ASYNC_WRITE_SLEEP_S so that window is wide
+    during: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"Fault.kind={self.kind!r}; expected one of {', '.join(KINDS)}")
+        if self.during not in ("", "async_write"):
+            raise ValueError(f"Fault.during={self.during!r}; expected '' or 'async_write'")
 
     def label(self) -> str:
         sig = signal.Signals(self.signum).name
@@ -161,12 +166,24 @@ class Injector:
     ckpt_root: Path
     clock: Callable[[], float]
     iterations: int = 0
+    writing: Optional[int] = None  # the step of an asynchronous save being written now, if any
 
     def __call__(self, ranks: Ranks) -> None:
         for rec in self.tail.new():
-            if rec.get("event") == "iteration" and rec.get("restart_count") == self.att.restart:
+            if rec.get("restart_count") != self.att.restart:
+                continue
+            if rec.get("event") == "iteration":
                 self.iterations += 1
-        if self.pending and _fire(self.pending[0], self.att, ranks, self.iterations, self.ckpt_root, self.clock):
+            elif rec.get("event") == "checkpoint_async_started":
+                self.writing = int(rec["step"])
+            elif rec.get("event") in ("checkpoint_saved", "checkpoint_wait", "stop"):
+                self.writing = None
+        if not self.pending or (self.pending[0].during == "async_write" and self.writing is None):
+            return
+        if _fire(self.pending[0], self.att, ranks, self.iterations, self.ckpt_root, self.clock):
+            if self.pending[0].during == "async_write":
+                fault, t, detail = self.att.fired[-1]
+                self.att.fired[-1] = (fault, t, f"{detail}, while the save of step {self.writing} was written")
             self.pending.pop(0)
 
 

@@ -42,7 +42,9 @@ def write_job(run_dir: Path, *extra: str) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     job = compose_job(["parallelism=tp1", "parallelism.distributed_optimizer=true", f"cluster.gpus_per_node={WORLD}",
                        "cluster.nodes=1", f"training.train_iters={ITERS}", "training.checkpoint_interval=3",
-                       f"run.dir={run_dir}", *HANG, *extra])
+                       # synchronous saves: these tests need the step-3 checkpoint durable at step 3, and hang
+                       # rank 0 inside a save (SLURMTRON_TEST_HANG_IN=save); async saves: test_async_save_faults.py
+                       "training.async_save=false", f"run.dir={run_dir}", *HANG, *extra])
     (run_dir / "config.yaml").write_text(job_to_yaml(job))
 
 

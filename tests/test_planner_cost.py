@@ -16,9 +16,22 @@ def test_iterations_and_gpu_hours_follow_the_step_time():
     est = estimate(job)
     assert est.train_iters == math.ceil(job.training.train_tokens / (job.training.global_batch_size * 4096))
     saves = est.train_iters // est.checkpoint_interval
-    assert est.wall_time_h_total == pytest.approx((est.train_iters * est.step_time_s + saves * est.save_time_s) / 3600)
+    block = est.breakdown["cost"]["save_blocking_s"]
+    assert est.wall_time_h_total == pytest.approx((est.train_iters * est.step_time_s + saves * block) / 3600)
     assert est.gpu_hours_total == pytest.approx(est.wall_time_h_total * 128)
     assert est.gpu_hours == est.gpu_hours_total
+
+
+def test_async_saves_charge_only_the_blocking_copy():
+    from launch.planner.estimate import HOST_COPY_GBS, blocking_save_time_s
+
+    sync = compose_job(["model=70b", "cluster=lustre", "training.async_save=false"])
+    asyn = compose_job(["model=70b", "cluster=lustre", "training.async_save=true"])
+    assert blocking_save_time_s(sync) == estimate(sync).save_time_s
+    block = blocking_save_time_s(asyn)
+    assert block == pytest.approx(checkpoint_bytes(asyn) / asyn.world_size / (HOST_COPY_GBS * 1e9))
+    assert block < 0.1 * estimate(asyn).save_time_s
+    assert estimate(asyn).gpu_hours_total < estimate(sync).gpu_hours_total
 
 
 def test_train_iters_used_when_no_tokens():
@@ -52,9 +65,15 @@ def test_lead_time_must_cover_a_step_and_a_save():
     est = estimate(job)
     assert p.field == "training.signal_lead_time_s"
     assert f"{est.save_time_s:.3g}" in p.arithmetic and "fs_write_bandwidth_gbs" in p.arithmetic
+    assert "the async save in flight" in p.arithmetic  # async saves (the default): the stop waits for it first
+    need = est.step_time_s + 2 * est.save_time_s
     fixed = compose_job(["model=405b", "cluster=lustre", "cluster.nodes=2048", "parallelism.cp=2",
-                         f"training.signal_lead_time_s={math.ceil(est.step_time_s + est.save_time_s) + 1}"])
+                         f"training.signal_lead_time_s={math.ceil(need) + 1}"])
     assert lead_time_problems(fixed) == []
+    sync = compose_job(["model=405b", "cluster=lustre", "cluster.nodes=2048", "parallelism.cp=2",
+                        "training.async_save=false",
+                        f"training.signal_lead_time_s={math.ceil(est.step_time_s + est.save_time_s) + 1}"])
+    assert lead_time_problems(sync) == []
 
 
 def test_lead_time_on_cpu_checks_the_save_alone():

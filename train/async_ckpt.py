@@ -92,28 +92,24 @@ class AsyncWriter:
             self.pool.shutdown(wait=True)
 
 
-def warm_writer() -> tuple[Optional[Any], Optional[str]]:
-    """Start dist_checkpointing's write-results queue now, in a background thread: (the thread, None), or
-    (None, why not). Join the thread before the first save (two starts would make two managers).
+def warm_results_queue() -> None:
+    """Make dist_checkpointing's write-results manager import what it will unpickle, before the first save.
 
-    The first save of a process pays for it otherwise (the "cold writer", about 1.8 s on the CPU
-    machine): ``filesystem_async._get_write_results_queue`` creates a
-    ``multiprocessing.get_context("spawn").Manager().Queue()``, i.e. it spawns a fresh Python
-    interpreter as the manager server and waits for it to come up; every later save reuses it.
-    Starting it while the model is built takes it off the first save's critical path. The
-    thread is started with the stop signals blocked, so the manager (a child of that thread)
-    keeps them blocked: a signal to every process of the job step cannot kill it.
+    The cold writer: Megatron-Core's ``filesystem_async._get_write_results_queue`` is a queue held by a
+    ``multiprocessing`` Manager, a freshly *spawned* interpreter that has imported nothing but
+    ``multiprocessing`` (started at worker start, :func:`train.distributed.start_checkpoint_helpers`). Every
+    save ends with ``results_queue.put({proc: [WriteResult(MetadataIndex, size, _StorageInfo)]})``; the
+    manager unpickles that, so the *first* put makes it import ``torch`` and ``torch.distributed.checkpoint``
+    (~1.5 s of a ~1.9 s first save on the CPU machine, measured with cProfile: ``managers._callmethod`` under
+    ``write_preloaded_data_multiproc``); later saves do not pay it. One round trip of the same types at start-up
+    pays it off the critical path. Call before any save runs (the queue is shared with the saves).
     """
-    import threading
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from torch.distributed.checkpoint.storage import WriteResult
 
-    from recovery.signals import deferred
-
-    try:
-        from megatron.core.dist_checkpointing.strategies import filesystem_async
-        start = filesystem_async._get_write_results_queue
-    except (ImportError, AttributeError) as e:
-        return None, f"dist_checkpointing has no write-results queue to start early ({e}); the first save pays for it"
-    thread = threading.Thread(target=start, name="ckpt-writer-warmup", daemon=True)
-    with deferred():
-        thread.start()
-    return thread, None
+    queue = filesystem_async._get_write_results_queue()
+    queue.put({0: [WriteResult(index=MetadataIndex("warm-up"), size_in_bytes=0,
+                               storage_data=_StorageInfo("warm-up", 0, 0))]})
+    queue.get()

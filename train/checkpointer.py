@@ -138,17 +138,35 @@ class Checkpointer:
         self._writer: Optional[Any] = None  # train.async_ckpt.AsyncWriter, made at the first async save
         self._owed: Optional[int] = None  # the step an interval save came due while one was in flight
         self._auto_started = False  # 'auto': the measuring save has started
-        self._warmup: Optional[Any] = None  # the thread starting dist_checkpointing's writer early
+        self._warmup: Optional[Any] = None  # the thread warming dist_checkpointing's writer (warm_up)
 
     def warm_up(self) -> None:
-        """Before the first save is due: start dist_checkpointing's write-results manager in the background
-        (:func:`train.async_ckpt.warm_writer`), so the first save does not pay for a cold writer."""
-        from train.async_ckpt import warm_writer
+        """Warm dist_checkpointing's write-results manager in a thread while the checkpoint loads and the first
+        steps run (:func:`train.async_ckpt.warm_results_queue`: the first save of a process no longer pays for
+        it); joined before the first save. A failure costs only the first save's speed: a WARNING and an event."""
+        import threading
 
-        self._warmup, problem = warm_writer()
-        if problem:
-            self.ctx.log(f"WARNING: {problem}")
-            self.ctx.emit("checkpoint_writer_cold", detail=problem)
+        from train.async_ckpt import warm_results_queue
+
+        def run() -> None:
+            try:
+                warm_results_queue()
+            except Exception as e:  # noqa: BLE001 - reported by _join_warmup
+                self._warm_error = f"{type(e).__name__}: {e}"
+
+        self._warm_error: Optional[str] = None
+        self._warmup = threading.Thread(target=run, name="ckpt-writer-warm-up", daemon=True)
+        self._warmup.start()
+
+    def _join_warmup(self) -> None:
+        if self._warmup is None:
+            return
+        self._warmup.join()
+        self._warmup = None
+        if self._warm_error:
+            msg = f"checkpoint writer not warmed up ({self._warm_error}); the first save pays its start-up"
+            self.ctx.log(f"WARNING: {msg}")
+            self.ctx.emit("checkpoint_writer_cold", detail=msg)
 
     # ---- resume ---------------------------------------------------------------------------
 
@@ -557,11 +575,6 @@ class Checkpointer:
             self.ctx.log(f"WARNING: {warn}")
             self.ctx.emit("lead_time_warning", lead_s=lead, step_s=step_s, save_s=save_s, wait_s=wait_s,
                           detail=warn)
-
-    def _join_warmup(self) -> None:
-        if self._warmup is not None:
-            self._warmup.join()
-            self._warmup = None
 
     @property
     def _distributed_optimizer(self) -> bool:

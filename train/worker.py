@@ -193,7 +193,7 @@ def _train(ctx: RankContext) -> int:
 
     parts = train_loop.build_training(job, iters, cuda=ctx.cuda, device=ctx.device)
     ckpt = Checkpointer(ctx, parts, start.identity)
-    ckpt.warm_up()  # dist_checkpointing's writer starts while the checkpoint loads (no cold first save)
+    ckpt.warm_up()  # the first save of the process does not pay for a cold writer (train/async_ckpt.py)
     state = ckpt.load(start.resume)
     if state.step >= iters:
         ctx.log(f"run {job.run.name} is already complete: step {state.step} of {iters} loaded, nothing to train "

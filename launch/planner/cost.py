@@ -51,11 +51,15 @@ def lead_time_problems(job: Job, est: Optional[Estimate] = None) -> list[Problem
     if job.cluster.gpu != "cpu":
         est = est or estimate(job)
         step_s = est.step_time_s
-    need = save_s + (step_s or 0.0)
+    # asynchronous periodic saves: the stop first waits for the save in flight (its whole write, worst case)
+    wait_s = save_s if getattr(job.training, "async_save", False) else 0.0
+    need = save_s + wait_s + (step_s or 0.0)
     if lead >= need:
         return []
     c = job.cluster
     step_part = f"step {step_s:.3g} s + " if step_s is not None else ""
+    if wait_s:
+        step_part += f"the async save in flight {wait_s:.3g} s (training.async_save=true) + "
     return [Problem(
         "training.signal_lead_time_s", "the warning arrives too late to finish a step and save a checkpoint",
         f"signal_lead_time_s {lead} < {step_part}save {save_s:.3g} s (checkpoint "

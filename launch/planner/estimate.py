@@ -76,8 +76,25 @@ def save_time_s(job: Job, shape: Shape | None = None) -> float:
     return checkpoint_bytes(job, shape) / (max(job.cluster.fs_write_bandwidth_gbs, 1e-9) * 1e9)
 
 
-def resolve_checkpoint_interval(job: Job, step_s: Optional[float], save_s: float) -> Optional[int]:
-    """Steps between saves: as configured, or Young/Daly via ``recovery.interval`` for 'auto'."""
+HOST_COPY_GBS = 20.0  # device-to-host copy per GPU into pinned memory (PCIe Gen4 x16: ~25 GB/s peak)
+
+
+def blocking_save_time_s(job: Job, shape: Shape | None = None) -> float:
+    """Seconds a periodic save stalls training: the whole save when synchronous; with ``training.async_save``
+    only each GPU's copy of its shard to host memory (Megatron's preload before the writer process forks), i.e.
+    the checkpoint over the ranks writing distinct shards (every rank with the distributed optimizer, one dp
+    replica without) at :data:`HOST_COPY_GBS`; the write itself overlaps training."""
+    if not getattr(job.training, "async_save", False):
+        return save_time_s(job, shape)
+    p = job.parallelism
+    writers = job.world_size if p.distributed_optimizer else max(1, p.tp * p.pp * p.cp)
+    return checkpoint_bytes(job, shape) / max(1, writers) / (HOST_COPY_GBS * 1e9)
+
+
+def resolve_checkpoint_interval(job: Job, step_s: Optional[float], save_s: float,
+                                write_s: Optional[float] = None) -> Optional[int]:
+    """Steps between saves: as configured, or Young/Daly via ``recovery.interval`` for 'auto' (``save_s``: what a
+    save stalls training; ``write_s``: until it is durable, asynchronous saves)."""
     ci = job.training.checkpoint_interval
     if isinstance(ci, int) and not isinstance(ci, bool):
         return ci if ci > 0 else None
@@ -87,7 +104,8 @@ def resolve_checkpoint_interval(job: Job, step_s: Optional[float], save_s: float
 
     try:
         steps, _ = resolve_interval(ci, save_s=max(save_s, 1e-6), step_s=step_s,
-                                    node_mtbf_hours=job.cluster.node_mtbf_hours, nodes=max(1, job.cluster.nodes))
+                                    node_mtbf_hours=job.cluster.node_mtbf_hours, nodes=max(1, job.cluster.nodes),
+                                    write_s=write_s)
     except ValueError:
         return None
     return steps
@@ -128,15 +146,18 @@ def estimate(job: Job, *, shape: Shape | None = None, flops: dict | None = None,
             mfu = tflops * 1e12 / peak
             hfu = st.hardware_flops / step / job.world_size / peak
             breakdown["step_time"] = st.to_dict()
-    interval = resolve_checkpoint_interval(job, step, save_s)
+    block_s = blocking_save_time_s(job, shape)  # = save_s unless training.async_save
+    asynchronous = block_s != save_s
+    interval = resolve_checkpoint_interval(job, step, block_s, save_s if asynchronous else None)
     gpu_hours = wall_h = None
     if step is not None and iters is not None:
         saves = iters // interval if interval else 0
-        wall_s = iters * step + saves * save_s
+        wall_s = iters * step + saves * block_s
         wall_h = wall_s / 3600
         gpu_hours = wall_h * job.world_size
         breakdown["cost"] = {"iterations": iters, "saves": saves, "compute_h": iters * step / 3600,
-                             "saving_h": saves * save_s / 3600}
+                             "saving_h": saves * block_s / 3600, "save_blocking_s": block_s,
+                             "save_write_s": save_s}
     return Estimate(
         layout=layout_name(par), world_size=job.world_size, memory_gb_per_gpu=worst.total, fits=fits,
         memory_verdict=verdict,
@@ -146,4 +167,5 @@ def estimate(job: Job, *, shape: Shape | None = None, flops: dict | None = None,
     )
 
 
-__all__ = ["Estimate", "estimate", "layout_name", "train_iterations", "checkpoint_bytes", "save_time_s"]
+__all__ = ["Estimate", "estimate", "layout_name", "train_iterations", "checkpoint_bytes", "save_time_s",
+           "blocking_save_time_s"]
