@@ -216,7 +216,9 @@ def test_kill_9_during_a_save_on_a_nearly_full_disk(base_run, tmp_path, small_di
     size = ckpt_bytes(base_run)
     disk = small_disk(int(size * 2.6))  # the committed one, one staging, a little more
     d = tmp_path / "kill"
-    extra = ["training.train_iters=6", f"cluster.checkpoint_root={disk}", "training.keep_checkpoints=1"]
+    # synchronous saves: the kill lands in the step-4 save, held by SLURMTRON_TEST_SAVE_SLEEP_S before its commit
+    extra = ["training.train_iters=6", f"cluster.checkpoint_root={disk}", "training.keep_checkpoints=1",
+             "training.async_save=false"]
     from trainutil import write_job
     write_job(d, [*BASE, "cluster.gpus_per_node=1", f"run.name={d.name}", *extra])
     procs = start_ranks(d, 1, 0, {"SLURMTRON_TEST_SAVE_SLEEP_S": "30"})
