@@ -113,3 +113,28 @@ def warm_results_queue() -> None:
     queue.put({0: [WriteResult(index=MetadataIndex("warm-up"), size_in_bytes=0,
                                storage_data=_StorageInfo("warm-up", 0, 0))]})
     queue.get()
+
+
+class WriterWarmUp:
+    """:func:`warm_results_queue` in a background thread, started at worker start; ``join`` before the first
+    save. ``error``: why it failed (the first save then pays the cold writer; the checkpointer says so)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.error: Optional[str] = None
+        self.thread = threading.Thread(target=self._run, name="ckpt-writer-warm-up", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            warm_results_queue()
+        except Exception as e:  # noqa: BLE001 - reported by the checkpointer before the first save
+            self.error = f"{type(e).__name__}: {e}"
+
+    def start(self) -> "WriterWarmUp":
+        self.thread.start()
+        return self
+
+    def join(self) -> Optional[str]:
+        self.thread.join()
+        return self.error

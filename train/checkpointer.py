@@ -138,33 +138,16 @@ class Checkpointer:
         self._writer: Optional[Any] = None  # train.async_ckpt.AsyncWriter, made at the first async save
         self._owed: Optional[int] = None  # the step an interval save came due while one was in flight
         self._auto_started = False  # 'auto': the measuring save has started
-        self._warmup: Optional[Any] = None  # the thread warming dist_checkpointing's writer (warm_up)
-
-    def warm_up(self) -> None:
-        """Warm dist_checkpointing's write-results manager in a thread while the checkpoint loads and the first
-        steps run (:func:`train.async_ckpt.warm_results_queue`: the first save of a process no longer pays for
-        it); joined before the first save. A failure costs only the first save's speed: a WARNING and an event."""
-        import threading
-
-        from train.async_ckpt import warm_results_queue
-
-        def run() -> None:
-            try:
-                warm_results_queue()
-            except Exception as e:  # noqa: BLE001 - reported by _join_warmup
-                self._warm_error = f"{type(e).__name__}: {e}"
-
-        self._warm_error: Optional[str] = None
-        self._warmup = threading.Thread(target=run, name="ckpt-writer-warm-up", daemon=True)
-        self._warmup.start()
+        self._warmup: Optional[Any] = getattr(ctx, "writer_warmup", None)  # joined before the first save
 
     def _join_warmup(self) -> None:
+        """Before the first save: the writer's warm-up (train.async_ckpt.WriterWarmUp) has finished."""
         if self._warmup is None:
             return
-        self._warmup.join()
+        error = self._warmup.join()
         self._warmup = None
-        if self._warm_error:
-            msg = f"checkpoint writer not warmed up ({self._warm_error}); the first save pays its start-up"
+        if error:
+            msg = f"checkpoint writer not warmed up ({error}); the first save pays its start-up"
             self.ctx.log(f"WARNING: {msg}")
             self.ctx.emit("checkpoint_writer_cold", detail=msg)
 

@@ -161,6 +161,7 @@ class RankContext:
     run_lock: Any = None  # recovery.lock.Acquired: rank 0 holds the run for the whole attempt
     cuda: bool = False  # set by init_distributed
     device: Any = None  # torch.device, set by init_distributed
+    writer_warmup: Any = None  # train.async_ckpt.WriterWarmUp, set by init_distributed: join before the first save
     tracker: Any = None  # train.tracking.Tracker on the tracking rank (TensorBoard/W&B), else None
     heartbeat: Heartbeat = field(default_factory=Heartbeat.disabled)  # to this rank's hang watcher
 

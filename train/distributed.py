@@ -16,6 +16,7 @@ class Device(NamedTuple):
 
     cuda: bool
     device: Any  # torch.device
+    writer_warmup: Any = None  # train.async_ckpt.WriterWarmUp: join before the first save
 
 
 def quiet_known_warnings() -> None:
@@ -56,15 +57,14 @@ def init_distributed(job: Any, denv: Any, *, timeout_s: float, checkpoint_helper
         backend=dist_env.backend(cuda), init_method=denv.init_method, rank=denv.rank,
         world_size=denv.world_size, timeout=datetime.timedelta(seconds=timeout_s),
     )
-    if checkpoint_helpers:
-        start_checkpoint_helpers()
+    warmup = start_checkpoint_helpers() if checkpoint_helpers else None
     p = job.parallelism
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=p.tp, pipeline_model_parallel_size=p.pp,
         virtual_pipeline_model_parallel_size=p.vpp, context_parallel_size=p.cp,
         expert_model_parallel_size=p.ep,
     )
-    return Device(cuda, device)
+    return Device(cuda, device, warmup)
 
 
 def shutdown_distributed() -> None:
@@ -86,7 +86,7 @@ def distributed(job: Any, denv: Any, *, timeout_s: float, checkpoint_helpers: bo
         shutdown_distributed()
 
 
-def start_checkpoint_helpers() -> None:
+def start_checkpoint_helpers() -> Any:
     """Start dist_checkpointing's helper processes now, with the stop signals blocked.
 
     Slurm signals every process of the job step, and Megatron-Core's writer-results queue lives
@@ -99,5 +99,10 @@ def start_checkpoint_helpers() -> None:
 
     from recovery.signals import deferred
 
+    from train.async_ckpt import WriterWarmUp
+
     with deferred():
         filesystem_async._get_write_results_queue()
+    # the manager has imported nothing yet: its first unpickling of write results imports torch (the "cold
+    # writer"); a round trip in the background pays that now (train/async_ckpt.py, warm_results_queue)
+    return WriterWarmUp().start()

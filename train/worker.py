@@ -163,7 +163,7 @@ def _run(ctx: RankContext) -> int:
     from train.distributed import distributed
 
     with distributed(ctx.job, ctx.dist, timeout_s=DIST_TIMEOUT_S, checkpoint_helpers=True) as dev:
-        ctx.cuda, ctx.device = dev.cuda, dev.device
+        ctx.cuda, ctx.device, ctx.writer_warmup = dev.cuda, dev.device, dev.writer_warmup
         try:
             return _train(ctx)
         finally:
@@ -193,7 +193,6 @@ def _train(ctx: RankContext) -> int:
 
     parts = train_loop.build_training(job, iters, cuda=ctx.cuda, device=ctx.device)
     ckpt = Checkpointer(ctx, parts, start.identity)
-    ckpt.warm_up()  # the first save of the process does not pay for a cold writer (train/async_ckpt.py)
     state = ckpt.load(start.resume)
     if state.step >= iters:
         ctx.log(f"run {job.run.name} is already complete: step {state.step} of {iters} loaded, nothing to train "
