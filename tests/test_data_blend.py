@@ -280,3 +280,14 @@ def test_what_a_compute_node_lacks_is_a_final_stop_reason(tmp_path, bpe, monkeyp
     refused = start_refusal(sp.data)
     assert refused["reason"] == "unsupported_software" and "'sentencepiece' package" in refused["detail"]
     assert {"storage_error", "unsupported_software"} <= set(FINAL_REASONS)
+
+
+def test_a_resume_with_other_data_is_named_change_by_change():
+    from train.data import data_changes
+
+    before = {"kind": "indexed", "seed": 1234, "tokenizer": "byte", "num_samples": 96,
+              "sources": [{"path": "web", "weight": 0.3}, {"path": "code", "weight": 0.7}]}
+    assert data_changes(None, before) == [] and data_changes(before, dict(before)) == []
+    now = {**before, "seed": 7, "sources": [{"path": "web", "weight": 0.5}, {"path": "code", "weight": 0.5}]}
+    assert data_changes(before, now) == [
+        "seed 1234 -> 7", "blend [('web', 0.3), ('code', 0.7)] -> [('web', 0.5), ('code', 0.5)]"]

@@ -108,6 +108,7 @@ def test_resume_restores_the_per_source_position_and_the_losses_bitwise(runs):
     resumed = starts[1]
     assert resumed["consumed_samples"] == stop_at
     assert [s["consumed"] for s in resumed["sources"]] == ends[0]["consumed_per_source"]
+    assert not _events(stopped, "data_changed")  # the same blend, seed and length: no warning
     for c, w in zip(ends[0]["consumed_per_source"], WEIGHTS):
         assert abs(c - w * stop_at) <= 1, (ends[0], w * stop_at)
     ref = losses_by_attempt(runs["ref"])[0]

@@ -174,6 +174,22 @@ def describe(data: DataConfig, source: Any, num_samples: int, consumed: int, dat
     return info
 
 
+def data_changes(before: Optional[Dict[str, Any]], now: Dict[str, Any]) -> List[str]:
+    """What differs between the data of the previous attempt (its ``data`` event) and this one's: a changed
+    seed, tokenizer, blend or run length gives other samples from here on (Megatron's shuffles depend on them),
+    so a resume is then no longer the same run's continuation."""
+    if not before:
+        return []
+    out = []
+    for key in ("kind", "seed", "tokenizer", "num_samples"):
+        if before.get(key) != now.get(key):
+            out.append(f"{key} {before.get(key)!r} -> {now.get(key)!r}")
+    blend_of = lambda info: [(s["path"], s["weight"]) for s in info.get("sources", [])]  # noqa: E731
+    if blend_of(before) != blend_of(now):
+        out.append(f"blend {blend_of(before)} -> {blend_of(now)}")
+    return out
+
+
 def describe_line(info: Dict[str, Any]) -> str:
     """One log line of :func:`describe`."""
     head = f"data: {info['kind']}, seed {info['seed']}, tokenizer {info['tokenizer']}, {info['num_samples']} samples"

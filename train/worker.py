@@ -206,6 +206,8 @@ def _train(ctx: RankContext) -> int:
     source = build_source(job.data, job.model, num_samples, ctx.paths.data_cache, root)
     data_info = describe(job.data, source, num_samples, state.consumed_samples, root)
     ctx.log(describe_line(data_info))
+    if ctx.is_first and state.step > 0:
+        _warn_data_changed(ctx, data_info, state.step)
     ctx.emit("data", step=state.step, **data_info)
     valid = None
     if t.eval_interval > 0:
@@ -293,6 +295,19 @@ def _live_summary(ctx: RankContext, result: Any, live: Any) -> None:
                 f"rank {x['rank']} on {x['host']} ({x['intervals']} intervals)" for x in repeated) if repeated else ""))
     ctx.emit("live_checks", seconds=live_s, steps=result.steps_run, median_step_s=result.median_step_s,
              overhead=overhead, repeated_stragglers=repeated)
+
+
+def _warn_data_changed(ctx: RankContext, now: dict, step: int) -> None:
+    """Rank 0, on resume: a data configuration other than the previous attempt's is a WARNING and an event."""
+    from recovery.events import read_events
+    from train.data import data_changes
+
+    before = [e for e in read_events(ctx.paths.events) if e.get("event") == "data"]
+    changes = data_changes(before[-1] if before else None, now)
+    if changes:
+        print(f"WARNING: the data changed since the previous attempt ({'; '.join(changes)}): from step {step} on the "
+              "run reads other samples than an uninterrupted run would", flush=True)
+        ctx.emit("data_changed", step=step, changes=changes)
 
 
 def _refuse_data(ctx: RankContext, refused: dict) -> int:
