@@ -29,7 +29,7 @@ def test_status_follows_a_run_from_pending_to_completed(slurm_cluster: Cluster, 
     sub = subprocess.run(
         [PY, str(REPO / "launch" / "pretrain.py"), "cluster=slurm_local", f"cluster.python={PY}", "parallelism=tp2",
          f"run.dir={run_dir}", "run.name=watched", "run.time_limit_min=10", "+cluster.sbatch_extra.begin=now+1hour",
-         "+cluster.env.SLURMTRON_TEST_STEP_SLEEP_S=0.5"],
+         "+cluster.env.SLURMTRON_TEST_STEP_SLEEP_S=0.5", "cluster.gpu_hour_price=3"],
         capture_output=True, text=True, timeout=120, env=slurm_cluster.env, cwd=tmp_path)
     assert sub.returncode == 0, sub.stderr
     job_id = json.loads((run_dir / "submissions.jsonl").read_text().splitlines()[-1])["job_id"]
@@ -52,6 +52,13 @@ def test_status_follows_a_run_from_pending_to_completed(slurm_cluster: Cluster, 
     st = status(slurm_cluster, run_dir)
     assert (st["state"], st["step"], st["target"], st["checkpoint_step"]) == ("completed", 20, 20, 20)
     assert st["interruptions"] == {} and st["goodput"] is not None and 0 < st["goodput"] <= 1
+    # the GPU-hours spent are Slurm's accounting of the allocation: its Elapsed x the ranks (no GPU gres here)
+    elapsed = sum(int(h) * 3600 + int(m) * 60 + int(sec) for h, m, sec in
+                  (r["Elapsed"].split(":") for r in slurm_cluster.sacct(job_id)))
+    assert st["world_size"] == 4 and st["gpu_hours_source"] == "sacct"
+    assert st["gpu_hours"] == pytest.approx(4 * elapsed / 3600)
+    assert st["cost"] == pytest.approx(3 * st["gpu_hours"])
     text = subprocess.run([PY, str(REPO / "launch" / "status.py"), str(run_dir)], capture_output=True, text=True,
                           timeout=120, env=slurm_cluster.env).stdout
     assert f"state      completed; job {job_id}; attempts 1" in text and "step 20 / 20 (100.0%)" in text
+    assert f"cost       {st['cost']:,.2f} (" in text and "x 3 per process-hour, so far, from the Slurm accounting" in text
