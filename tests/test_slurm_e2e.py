@@ -97,6 +97,12 @@ def wait_step(run: Run, step: int, timeout: float = TRAIN_TIMEOUT) -> None:
     wait_until(lambda: run.step_reached() >= step, timeout, f"job {run.job_id} to reach step {step}", interval=1)
 
 
+def wait_committed(run: Run, step: int, timeout: float = 120) -> None:
+    """Until the checkpoint of ``step`` is committed (an asynchronous save commits a few steps after it starts)."""
+    wait_until(lambda: step in [e["step"] for e in run.of("checkpoint_saved")], timeout,
+               f"job {run.job_id} to commit the step-{step} checkpoint", interval=0.5)
+
+
 def finish(cluster: Cluster, run: Run, timeout: float = TRAIN_TIMEOUT) -> Run:
     """Wait for the job's end and collect what Slurm says about it."""
     run.final = cluster.wait_end(run.job_id, timeout)
@@ -145,6 +151,7 @@ def node_down(cluster: Cluster, d: Path) -> Run:
     """PP2 x DP2; after the step-10 checkpoint an admin sets one of its nodes DOWN."""
     run = submit(cluster, d / "nodedown", "parallelism=pp2", "run.time_limit_min=10", f"{SLEEP}=1")
     wait_step(run, 12)
+    wait_committed(run, 10)
     node = other_node(cluster, run)
     run.seen["node"] = node
     run.seen["ckpt_steps_before"] = [e["step"] for e in run.of("checkpoint_saved")]
@@ -161,6 +168,7 @@ def node_crash(cluster: Cluster, d: Path) -> Run:
     """TP2 x DP2; after the step-10 checkpoint one node dies (its slurmd and its ranks SIGKILLed)."""
     run = submit(cluster, d / "nodecrash", "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=1")
     wait_step(run, 12)
+    wait_committed(run, 10)
     node = other_node(cluster, run)
     run.seen["node"] = node
     run.seen["ckpt_steps_before"] = [e["step"] for e in run.of("checkpoint_saved")]
