@@ -432,8 +432,8 @@ class Checkpointer:
         ctx = self.ctx
         total = ctx.clock() - p.t0
         if ctx.is_first:
-            self._committed(result, p.step, p.reason, p.t0, blocking_s=p.blocking_s, written_s=p.written_s,
-                            mode="async")
+            result, record = result
+            self._committed(result, p.step, p.reason, p.t0, record=record)
         self.saved_steps.add(p.step)
         ctx.beat("saved", p.step, total)
         ctx.log(f"  successfully saved checkpoint at iteration {p.step:7d} to {ctx.paths.checkpoint(p.step)} "
@@ -456,7 +456,12 @@ class Checkpointer:
                 ctx.sleep(ctx.hooks.save_sleep_s)
             result = commit.commit(ctx.paths.checkpoints, p.step, p.meta, keep=ctx.job.training.keep_checkpoints,
                                    storage=ctx.storage, run=self.identity)
-            return ("ok", result)
+            # durable now: recorded at once (the event log appends one line per write), not at the agreement a
+            # step later, so the log never lacks a committed checkpoint that a kill in between leaves behind
+            record = ctx.events.emit("checkpoint_saved", step=p.step, path=str(result.path),
+                                     seconds=ctx.clock() - p.t0, bytes=result.bytes, reason=p.reason,
+                                     blocking_s=p.blocking_s, written_s=p.written_s, mode="async")
+            return ("ok", (result, record))
         except Exception as e:
             stop = self._failed(e, p.step)
             return ("failed", stop) if stop is not None else ("error", e)
@@ -501,11 +506,16 @@ class Checkpointer:
         if stop is not None:
             raise SaveFailed(stop) from exc
 
-    def _committed(self, result: Any, step: int, reason: str, t0: float, **extra: Any) -> None:
+    def _committed(self, result: Any, step: int, reason: str, t0: float, record: Optional[dict] = None) -> None:
+        """Rank 0, after a commit: the ``checkpoint_saved`` event (``record``: already written by the async commit
+        thread; then only the tracker gets it here), quarantines and a skipped prune as WARNINGs and events."""
         ctx = self.ctx
         self.last_bytes = result.bytes
-        ctx.emit("checkpoint_saved", step=step, path=str(result.path), seconds=ctx.clock() - t0,
-                 bytes=result.bytes, reason=reason, **extra)
+        if record is None:
+            ctx.emit("checkpoint_saved", step=step, path=str(result.path), seconds=ctx.clock() - t0,
+                     bytes=result.bytes, reason=reason)
+        elif ctx.tracker is not None:
+            ctx.tracker.event(record)
         for original, dest, why in result.quarantined:
             ctx.emit("quarantine", path=str(original), to=str(dest), reason=why, detail=f"quarantined: {why}")
             ctx.log(f"WARNING: quarantined {original} -> {dest}: {why}")
