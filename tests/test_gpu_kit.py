@@ -27,7 +27,12 @@ def test_gpu_kit_cpu_mode(tmp_path: Path) -> None:
     assert r["train"]["exit_code"] == 0 and r["train"]["steps_measured"] >= 1
     assert r["train"]["tflops_per_gpu_median"] is None  # cluster.gpu=cpu: the log carries no TFLOP/s field
     assert r["train"]["mfu_median"] is None  # cluster.gpu=cpu has no peak in the table: no MFU, never a guess
-    assert r["save"]["bytes"] > 0 and r["save"]["gb_per_s"] > 0 and r["save"]["disk_fsynced_write_gb_per_s"] > 0
+    save = r["save"]
+    assert save["bytes"] > 0 and save["disk_fsynced_write_gb_per_s"] > 0
+    assert save["sync"]["step"] == 4 and save["sync"]["seconds"] > 0 and save["sync"]["gb_per_s"] > 0
+    assert save["async"]["step"] == 3 and save["async"]["mode"] == "async"  # the resumed checkpoint is the async one
+    assert 0 < save["async"]["blocking_s"] <= save["async"]["written_s"] <= save["async"]["durable_s"]
+    assert save["blocking_fraction_of_sync"] > 0 and save["step_s_with_write_in_flight"] > 0
     res = r["resume"]
     assert res["from_step"] == 3 and res["bitwise_equal"] is True
     assert all(v["uninterrupted"] == v["resumed"] is not None for v in res["losses"].values())

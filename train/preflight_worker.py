@@ -297,7 +297,7 @@ def run_reference(job: Any, pf_dir: Path, opts: dict, denv: Any) -> int:
     from train.distributed import init_distributed, shutdown_distributed
 
     ref = reference_job(job)
-    cuda, device = init_distributed(ref, denv, timeout_s=opts["timeout_s"])
+    cuda, device, _ = init_distributed(ref, denv, timeout_s=opts["timeout_s"])
     try:
         chunks, optimizer, scheduler = _build(ref, cuda, device)
         source = TimedSource(build_source(ref.data, ref.model, opts["steps"] * ref.training.global_batch_size,
@@ -334,7 +334,7 @@ def run_target(job: Any, pf_dir: Path, opts: dict, denv: Any, env: Mapping[str, 
         if rank == 0 and (pf_dir / stale).exists():
             (pf_dir / stale).unlink()
     ref_proc = start_reference(pf_dir, env, denv.local_rank) if rank == 0 else None
-    cuda, device = init_distributed(job, denv, timeout_s=opts["timeout_s"])
+    cuda, device, _ = init_distributed(job, denv, timeout_s=opts["timeout_s"])
     try:
         chunks, optimizer, scheduler = _build(job, cuda, device)
         broke = apply_breakage(opts.get("break") or "", chunks)

@@ -7,12 +7,15 @@ preflight is ``python launch/preflight.py``. The steps:
 
 1. **train**: a one-rank job (NCCL on a GPU, gloo on the CPU) of the 1.3B GPT-3 XL
    (seq 2048, bf16 with fp32 main weights; ``--cpu``: the tiny model in fp32) for ``K + 1``
-   steps, a synchronous save at step ``K`` (and the final one at ``K + 1``); the Megatron-format lines carry TFLOP/s/GPU and MFU against the dense peak of
-   ``cluster.gpu`` from ``analysis/flops.py::PEAK_FLOPS`` (none on the CPU: no peak, no MFU);
-2. **save/resume**: bytes, seconds and GB/s of the step-K save (``checkpoint_saved`` event),
-   the disk's own fsynced write rate for comparison, then the checkpoint after K is removed
-   and a second attempt resumes from K; its loss at K+1 must equal the first attempt's bit
-   for bit (the worker logs ``repr(float)``);
+   steps, an asynchronous save at step ``K`` and the final, synchronous one at ``K + 1``; the
+   Megatron-format lines carry TFLOP/s/GPU and MFU against the dense peak of ``cluster.gpu``
+   from ``analysis/flops.py::PEAK_FLOPS`` (none on the CPU: no peak, no MFU);
+2. **save/resume**: the same model's full checkpoint saved both ways (``checkpoint_saved``,
+   ``checkpoint_wait`` events): the asynchronous save's blocking time, write time and GB/s, the
+   step time while its write is in flight, the synchronous save's seconds and GB/s, and the
+   disk's own fsynced write rate for comparison; then the checkpoint after K is removed and a
+   second attempt resumes from the asynchronously written K; its loss at K+1 must equal the
+   first attempt's bit for bit (the worker logs ``repr(float)``);
 3. **preflight**: ``launch/preflight.py`` on the same device (grad flow, checkpoint round trip,
    parity against the one-process reference);
 4. **versions**: ``nvidia-smi``, torch, CUDA, NCCL, Megatron-Core, TransformerEngine.
@@ -75,7 +78,7 @@ def say(msg: str) -> None:
 def overrides(mode: str, run_root: Path, k: int) -> list[str]:
     return PROFILES[mode]["model"] + COMMON + [
         f"cluster.run_root={run_root}", "run.name=kit", f"training.train_iters={k + 1}",
-        f"training.checkpoint_interval={k}", "training.async_save=false"]  # times the synchronous save
+        f"training.checkpoint_interval={k}", "training.async_save=true"]  # step k async, the final k + 1 sync
 
 
 def start_rank(run_dir: Path, attempt: int, log: Path, timeout_s: float) -> int:
@@ -190,19 +193,28 @@ def main(argv: list[str] | None = None) -> int:
             return 1
 
         # ---- 2. save / resume -------------------------------------------------------------
-        saves = [e for e in events if e["event"] == "checkpoint_saved"]
-        at_k = next(e for e in saves if e["step"] == k)
+        saves = {e["step"]: e for e in events if e["event"] == "checkpoint_saved"}
+        at_k, final = saves[k], saves[k + 1]  # the interval save (asynchronous) and the final one (synchronous)
+        waited = sum(e["seconds"] for e in events if e["event"] == "checkpoint_wait" and e["step"] == k)
         ckpts = Path(at_k["path"]).parent
         for later in sorted(ckpts.glob("iter_*")):
             if later.is_dir() and int(later.name.split("_")[1].split(".")[0]) > k:
                 shutil.rmtree(later)
         probe = min(int(at_k["bytes"]), 4 << 30)
         disk_s, disk_bps = fsynced_write_bandwidth(run_dir, probe)
-        results["save"] = {"mode": "synchronous", "step": k, "bytes": at_k["bytes"], "seconds": at_k["seconds"],
-                           "gb_per_s": at_k["bytes"] / at_k["seconds"] / 1e9,
-                           "disk_fsynced_write_gb_per_s": disk_bps / 1e9, "disk_probe_bytes": probe,
-                           "async": "not measured here (the kit times the synchronous save); "
-                                    "benchmarks/bench_async_ckpt.py compares both"}
+        sync_s = final["seconds"] - waited  # its t0 is before the wait for the step-k write
+        step_in_flight = next((e["seconds"] for e in events if e["event"] == "iteration" and e["step"] == k + 1), None)
+        results["save"] = {
+            "bytes": at_k["bytes"], "disk_fsynced_write_gb_per_s": disk_bps / 1e9, "disk_probe_bytes": probe,
+            "sync": {"step": k + 1, "seconds": sync_s, "gb_per_s": final["bytes"] / sync_s / 1e9},
+            "async": {"step": k, "mode": at_k.get("mode"), "blocking_s": at_k.get("blocking_s"),
+                      "written_s": at_k.get("written_s"), "durable_s": at_k["seconds"],
+                      "gb_per_s": at_k["bytes"] / at_k["written_s"] / 1e9 if at_k.get("written_s") else None,
+                      "final_save_waited_s": waited},
+            "blocking_fraction_of_sync": (at_k["blocking_s"] / sync_s) if at_k.get("blocking_s") else None,
+            "step_s_with_write_in_flight": step_in_flight,
+            "step_s_median": results["train"]["step_s_median"],
+        }
         say(f"resume from step {k} (checkpoints after it removed)")
         code = start_rank(run_dir, 1, out / "resume.log", max(60.0, left()))
         events = read_events(job.paths_at(run_dir).events)
