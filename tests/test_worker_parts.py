@@ -312,3 +312,34 @@ def test_preflight_local_run_reports_killed_ranks_as_none(tmp_path):
     codes = preflight.run_local(job, tmp_path, 100, popen=lambda *a, **k: next(procs), env={}, clock=lambda: t[0],
                                 sleep=sleep)
     assert codes == [1, None]  # rank 1 waited in a collective; killed 10 s after rank 0 failed
+
+
+def test_a_write_past_the_save_deadline_is_said_once_and_training_goes_on(tmp_path):
+    from recovery.events import read_events
+    from train.async_ckpt import InFlight
+    from train.checkpointer import Checkpointer
+
+    ctx = _rank_context(tmp_path, ["training.async_save=true", "training.hang_save_floor_s=60",
+                                   "training.hang_save_factor=3"])
+    now = [100.0]
+    ctx.clock = lambda: now[0]
+
+    class StillWriting:  # the writers never finish (the collective "still writing?" answer)
+        def finalized(self, blocking):
+            return False
+
+    ckpt = Checkpointer(ctx, parts=None)
+    ckpt._writer = StillWriting()
+    ckpt._slowest_save_s = 30.0  # deadline max(3 x 30, 60) = 90 s
+    ckpt.pending = InFlight(6, "interval", 100.0, 0.4, {})
+    for t in (150.0, 189.0):
+        now[0] = t
+        ckpt.poll()
+    assert not [e for e in read_events(ctx.paths.events) if e["event"] == "checkpoint_write_slow"]
+    for t in (191.0, 300.0):
+        now[0] = t
+        ckpt.poll()
+    slow = [e for e in read_events(ctx.paths.events) if e["event"] == "checkpoint_write_slow"]
+    assert len(slow) == 1 and slow[0]["step"] == 6 and slow[0]["limit_s"] == 90.0
+    assert "3 x slowest save 30.0 s" in slow[0]["detail"]
+    assert ckpt.pending is not None  # still in flight: nothing abandoned, nothing committed

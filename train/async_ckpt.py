@@ -45,7 +45,7 @@ class InFlight:
     phase: str = "write"  # write (the forked writers) | commit (rank 0's thread)
     written_s: float = 0.0  # t0 -> every rank's shards finalized
     commit: Optional[Future] = None  # rank 0: the commit thread's result
-    delayed: list = field(default_factory=list)  # interval saves that came due while this one was in flight
+    slow_warned: bool = False  # the "still writing after the save deadline" WARNING was given
 
 
 def delayed_write(delay_s: float, fn: Callable, *args: Any, **kwargs: Any) -> Any:

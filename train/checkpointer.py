@@ -139,6 +139,7 @@ class Checkpointer:
         self._owed: Optional[int] = None  # the step an interval save came due while one was in flight
         self._auto_started = False  # 'auto': the measuring save has started
         self._warmup: Optional[Any] = getattr(ctx, "writer_warmup", None)  # joined before the first save
+        self._slowest_save_s = 0.0  # start -> durable, the slowest save of this attempt so far
 
     def _join_warmup(self) -> None:
         """Before the first save: the writer's warm-up (train.async_ckpt.WriterWarmUp) has finished."""
@@ -335,6 +336,7 @@ class Checkpointer:
         self._agree(stop)
         self.saved_steps.add(step)
         seconds = ctx.clock() - t0
+        self._slowest_save_s = max(self._slowest_save_s, seconds)
         ctx.beat("saved", step, seconds)
         ctx.log(f"  successfully saved checkpoint at iteration {step:7d} to {final} ({seconds:.2f} s)")
         return seconds
@@ -391,6 +393,7 @@ class Checkpointer:
                 self._agree(self._failed(e, p.step) if ctx.is_first else None, e)
                 raise
             if not done:
+                self._warn_if_slow(p)
                 return
             p.written_s = ctx.clock() - p.t0
             p.phase = "commit"
@@ -435,6 +438,7 @@ class Checkpointer:
             result, record = result
             self._committed(result, p.step, p.reason, p.t0, record=record)
         self.saved_steps.add(p.step)
+        self._slowest_save_s = max(self._slowest_save_s, total)
         ctx.beat("saved", p.step, total)
         ctx.log(f"  successfully saved checkpoint at iteration {p.step:7d} to {ctx.paths.checkpoint(p.step)} "
                 f"(asynchronous: training blocked {p.blocking_s:.2f} s, written {p.written_s:.2f} s, "
@@ -445,6 +449,23 @@ class Checkpointer:
         if not self._lead_checked and step_s > 0:
             self._check_lead(step_s, total, wait_s=total)
             self._lead_checked = True
+
+    def _warn_if_slow(self, p: Any) -> None:
+        """A write still going past the save deadline the hang watchdog would apply to a blocking save
+        (max(training.hang_save_factor x the slowest save so far, training.hang_save_floor_s)): training goes on
+        and the next saves wait for it, so say it once (WARNING + ``checkpoint_write_slow``) rather than silently."""
+        t, ctx = self.ctx.job.training, self.ctx
+        limit = max(t.hang_save_factor * self._slowest_save_s, t.hang_save_floor_s)
+        age = ctx.clock() - p.t0
+        if p.slow_warned or age <= limit:
+            return
+        p.slow_warned = True
+        msg = (f"the asynchronous save of iteration {p.step} is still being written after {age:.0f} s > "
+               f"max(training.hang_save_factor {t.hang_save_factor:g} x slowest save {self._slowest_save_s:.1f} s, "
+               f"training.hang_save_floor_s {t.hang_save_floor_s:g}) = {limit:.0f} s; training goes on, later "
+               f"saves wait for it (a stuck writer or a slow filesystem: see the checkpoint directory's storage)")
+        ctx.log(f"WARNING: {msg}")
+        ctx.emit("checkpoint_write_slow", step=p.step, seconds=age, limit_s=limit, detail=msg)
 
     def _commit_async(self, p: Any) -> tuple:
         """Rank 0's commit thread: every rank's shards are written and finalized; make them durable."""
