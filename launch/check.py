@@ -117,15 +117,6 @@ def _overlap(job: Job) -> list[Problem]:
             "parallelism.overlap_param_gather", "the weight all-gather overlap comes with the gradient reduce overlap",
             "overlap_param_gather=true with overlap_grad_reduce=false (Megatron-LM requires both)",
             "set parallelism.overlap_grad_reduce=true"))
-    if p.overlap_grad_reduce and p.distributed_optimizer:
-        out.append(Problem(
-            "parallelism.overlap_grad_reduce", "with the distributed optimizer the overlap splits the gradients into "
-            "buckets, and Megatron-Core 0.16.1's checkpoint of a multi-bucket distributed optimizer does not resume "
-            "(its saved Adam state and main weights differ; a resumed tiny run diverged at the first step)",
-            "overlap_grad_reduce=true with distributed_optimizer=true (buckets of bucket_size, default "
-            "max(40M, 1M * dp) parameters: any model above 40M parameters has several)",
-            "set parallelism.distributed_optimizer=false to overlap the all-reduce, or parallelism.overlap_grad_reduce"
-            "=false"))
     if p.bucket_size is not None and p.bucket_size < 1:
         out.append(Problem("parallelism.bucket_size", "a gradient bucket holds at least one parameter",
                            f"bucket_size = {p.bucket_size}", "set parallelism.bucket_size=40000000 or null"))

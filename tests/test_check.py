@@ -77,8 +77,6 @@ CASES = [
      "parallelism.overlap_param_gather", "with distributed_optimizer=false"),
     ("param_gather_without_grad_overlap", LUSTRE_7B + ["parallelism.overlap_param_gather=true"], None,
      "parallelism.overlap_param_gather", "with overlap_grad_reduce=false"),
-    ("overlap_with_distopt", LUSTRE_7B + ["parallelism.overlap_grad_reduce=true"], None,
-     "parallelism.overlap_grad_reduce", "overlap_grad_reduce=true with distributed_optimizer=true"),
     ("bucket_without_overlap", LUSTRE_7B + ["parallelism.bucket_size=1000000"], None, "parallelism.bucket_size",
      "bucket_size = 1000000 with overlap_grad_reduce=false"),
     ("bucket_zero", LUSTRE_7B + ["parallelism.overlap_grad_reduce=true", "parallelism.bucket_size=0"], None,
@@ -206,9 +204,13 @@ def test_settings_the_recipe_does_not_run_yet_are_refused_with_a_reason():
     assert "distributed_optimizer=true" in problems["parallelism.sharding"].fix
 
 
-def test_overlap_with_its_prerequisites_is_accepted():
-    job = compose_job(LUSTRE_7B + ["parallelism.overlap_grad_reduce=true", "parallelism.distributed_optimizer=false",
-                                   "parallelism.bucket_size=40000000", "parallelism.tp_comm_overlap=true"])
+@pytest.mark.parametrize("distopt", [
+    ["parallelism.distributed_optimizer=false"],
+    ["parallelism.distributed_optimizer=true", "parallelism.overlap_param_gather=true"],
+])
+def test_overlap_with_its_prerequisites_is_accepted(distopt):
+    job = compose_job(LUSTRE_7B + ["parallelism.overlap_grad_reduce=true", "parallelism.bucket_size=40000000",
+                                   "parallelism.tp_comm_overlap=true"] + distopt)
     assert job.parallelism.tp == 2 and job.parallelism.sequence_parallel
     assert not [p for p in check(job, path_exists=lambda _: True) if "overlap" in p.field or "bucket" in p.field]
 

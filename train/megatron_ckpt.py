@@ -23,13 +23,21 @@ The distributed optimizer (Megatron-Core 0.16 without Apex/TE) has three load bu
     (``KeyError: 'step'``): the patched ``_set_main_param_and_optimizer_states`` skips it;
 (c) silently, after loading every parameter shares ONE ``step`` tensor, which torch Adam
     increments once per parameter per step: :func:`unshare_step` gives each its own copy.
+
+And one save bug: (d) with several gradient buckets (``overlap_grad_reduce``), the ``fully_reshardable``
+state is gathered with the padding at the end of each bucket stripped, then sliced by the parameters'
+*padded* buffer offsets, so every parameter after the first bucket saved a neighbour's main weight and
+Adam moments (``sharded_param_state_fully_reshardable``; fixed upstream in Megatron-LM #5077, after
+0.16.1): :func:`bucket_padded_state` puts the padding back while the optimizer state dict is built.
 """
 from __future__ import annotations
 
+import inspect
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, Iterator, List
 
 import torch
 from megatron.core import dist_checkpointing
@@ -101,6 +109,47 @@ def unshare_step(optimizer: Any) -> None:
                 state["step"] = state["step"].detach().clone()
 
 
+def _pad_bucket_ends(opt: Any, state: Dict[Any, Any]) -> None:
+    """Re-insert each bucket's end padding into the gathered world tensors (zeros), so that
+    ``param_index_map``'s buffer offsets index them."""
+    for gbuf_idx, buffer in enumerate(opt.buffers):
+        for world in state[gbuf_idx].values():
+            for key in ("param", "exp_avg", "exp_avg_sq"):
+                compact = world.get(key)
+                if compact is None:
+                    continue
+                padded = compact.new_zeros(buffer.numel)
+                src = 0
+                for bucket in buffer.buckets:
+                    n = bucket.numel_unpadded
+                    padded[bucket.offset:bucket.offset + n] = compact[src:src + n]
+                    src += n
+                world[key] = padded
+
+
+@contextmanager
+def bucket_padded_state(optimizer: Any) -> Iterator[None]:
+    """Bug (d): while the optimizer's sharded state dict is built, hand it padded world tensors.
+    A no-op for a Megatron-Core whose ``fully_reshardable`` save already accounts for the padding."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    fixed = "cumulative_padding_stripped" in inspect.getsource(
+        DistributedOptimizer.sharded_param_state_fully_reshardable)
+    targets = [] if fixed else [o for o in inner_optimizers(optimizer) if _is_distributed(o)]
+    for opt in targets:
+        def padded(*args: Any, _opt: Any = opt, **kwargs: Any) -> Any:
+            state = DistributedOptimizer.get_parameter_state_dp_zero(_opt, *args, **kwargs)
+            if state is not None:
+                _pad_bucket_ends(_opt, state)
+            return state
+        opt.get_parameter_state_dp_zero = padded
+    try:
+        yield
+    finally:
+        for opt in targets:
+            del opt.get_parameter_state_dp_zero
+
+
 def sync_params(chunks: List[Any]) -> None:
     """With ``parallelism.overlap_param_gather`` the weights an optimizer step updated are all-gathered
     lazily, bucket by bucket in the next forward pass (Megatron DDP's forward pre-hooks): gather them now,
@@ -133,7 +182,8 @@ def sharded_state(
     if distributed_optimizer:  # loading, or saving before any update was applied (fp16 overflows skip them all)
         prime_optimizer_state(optimizer)
     metadata = DIST_OPT_METADATA if distributed_optimizer else None
-    sd["optimizer"] = optimizer.sharded_state_dict(sd, is_loading=is_loading, metadata=metadata)
+    with bucket_padded_state(optimizer):
+        sd["optimizer"] = optimizer.sharded_state_dict(sd, is_loading=is_loading, metadata=metadata)
     sd["opt_param_scheduler"] = scheduler.state_dict()
     sd["training_state"] = dict(training_state)
     return sd
