@@ -152,11 +152,36 @@ def _run_reporting(ctx: RankContext) -> int:
             ctx.log(f"stopping: {stop['reason']}: {stop['detail']}")
             return int(stop["code"])
         traceback.print_exc()
+        if _hang_declared(ctx):
+            return _leave_to_the_watchdog(ctx, e)
         reason = "optimizer_mismatch" if type(e).__name__ == "CheckpointMismatch" else "crash"
         ctx.emit("stop", reason=reason, code=EXIT_CRASH, detail=f"{type(e).__name__}: {e}"[:2000])
         code = _requeue_away_from_faulty_node(ctx, traceback.format_exc())
         ctx.emit("exit", reason="error" if code == EXIT_CRASH else "requeue", code=code, step=None)
         return code
+
+
+def _hang_declared(ctx: RankContext) -> bool:
+    """Has a hang watchdog declared a hang in this attempt (its ``trigger.json``)?"""
+    if not ctx.job.training.hang_watchdog:
+        return False
+    from recovery.watchdog import hang_dir
+
+    return (hang_dir(ctx.paths.hangs, ctx.job_id, ctx.restart) / "trigger.json").exists()
+
+
+def _leave_to_the_watchdog(ctx: RankContext, e: BaseException) -> int:
+    """This rank failed while the watchdogs handle a declared hang (a collective broke because the hung peer
+    died during its stack dump): the hang is the cause, and rank 0's watcher records it (``hang``, ``stop``,
+    ``exit``). No ``crash`` stop is recorded; the rank waits for its watcher to end it as it ends every rank."""
+    import time
+
+    from recovery.watchdog import COLLECT_S, DUMP_WAIT_S
+
+    ctx.log(f"this rank failed ({type(e).__name__}) after the hang watchdog declared a hang in this attempt; "
+            f"the watchdog records the stop (see {ctx.paths.hangs})")
+    time.sleep(COLLECT_S + 2 * DUMP_WAIT_S)  # the watcher kills this rank once the reports are collected
+    return EXIT_CRASH
 
 
 def _run(ctx: RankContext) -> int:
