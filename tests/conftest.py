@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -40,3 +41,23 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     cluster = getattr(item, "funcargs", {}).get("slurm_cluster")
     if rep.failed and isinstance(cluster, Cluster):
         rep.sections.append(("slurm daemon logs", cluster.diagnostics()))
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real tmpfs of a given size (root only); yields a mounter: ``small_disk(size_bytes) -> Path``."""
+    mounts = []
+
+    def mount(size_bytes: int) -> Path:
+        where = tmp_path / f"disk{len(mounts)}"
+        where.mkdir()
+        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(where)],
+                              capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
+        mounts.append(where)
+        return where
+
+    yield mount
+    for m in mounts:
+        subprocess.run(["umount", "-l", str(m)], check=False)

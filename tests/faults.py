@@ -295,3 +295,22 @@ def write_rank_logs_tail(run_dir: Path, n_chars: int = 4000) -> str:
     for p in sorted(RunPaths.of(run_dir).logs.glob(f"{LOG_PREFIX}_*_rank*.out")):
         parts.append(f"==> {p.name} <==\n{p.read_text(errors='replace')[-n_chars:]}")
     return "\n".join(parts)
+
+
+def checkpoint_tensors(ckpt: Path, out: Path) -> dict:
+    """Every tensor of a distributed checkpoint, by dotted name (converted with torch's own DCP tool)."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(ckpt), str(out))
+    flat = {}
+
+    def walk(d, prefix=""):
+        for k, v in d.items():
+            if isinstance(v, dict):
+                walk(v, f"{prefix}{k}.")
+            elif torch.is_tensor(v):
+                flat[prefix + k] = v
+
+    walk(torch.load(out, weights_only=False))
+    return flat

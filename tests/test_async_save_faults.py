@@ -24,17 +24,15 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from faults import Fault, losses_by_attempt, run_attempt, run_until_done, write_rank_logs_tail
+from faults import Fault, checkpoint_tensors, losses_by_attempt, run_attempt, run_until_done, write_rank_logs_tail
 from recovery import policy
 from recovery.commit import final_path
 from recovery.events import read_events
-from recovery.resume import find_latest_verified, verify
+from recovery.resume import find_latest_verified
 
 pytestmark = pytest.mark.training
 
@@ -58,24 +56,10 @@ def write_job(run_dir: Path, *extra: str) -> None:
 
 
 def final_tensors(ckpt_root: Path, tmp: Path, tag: str) -> dict:
-    import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
     found = find_latest_verified(ckpt_root)
     assert found.step == ITERS, found
     out = tmp / f"{tag}_final.pt"
-    dcp_to_torch_save(str(found.path), str(out))
-    flat = {}
-
-    def walk(d, prefix=""):
-        for k, v in d.items():
-            if isinstance(v, dict):
-                walk(v, f"{prefix}{k}.")
-            elif torch.is_tensor(v):
-                flat[prefix + k] = v
-
-    walk(torch.load(out, weights_only=False))
-    return flat
+    return checkpoint_tensors(found.path, out)
 
 
 def assert_bitwise(run_dir: Path, ref_dir: Path, tmp: Path, ckpt_root: Path | None = None) -> None:
@@ -150,26 +134,6 @@ def test_stop_and_kills_during_an_async_write_resume_bitwise_equal(reference, tm
             assert saved[-1]["step"] == sig["step"], saved
             assert saved[-1]["reason"] == ("signal" if sig["step"] != started[-1] else "interval")
     assert_bitwise(run_dir, reference, tmp_path)
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real tmpfs of a given size (root only)."""
-    mounts = []
-
-    def mount(size_bytes: int) -> Path:
-        where = tmp_path / f"disk{len(mounts)}"
-        where.mkdir()
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(where)],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
-        mounts.append(where)
-        return where
-
-    yield mount
-    for m in mounts:
-        subprocess.run(["umount", "-l", str(m)], check=False)
 
 
 @pytest.mark.timeout(600)

@@ -165,26 +165,6 @@ def test_a_second_writer_is_refused_while_the_lock_is_held_and_writes_no_event(b
     assert digest(d / "checkpoints") == checkpoints_before
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real tmpfs of a given size (root only); yields a mounter."""
-    mounts = []
-
-    def mount(size_bytes: int) -> Path:
-        where = tmp_path / f"disk{len(mounts)}"
-        where.mkdir()
-        proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", str(where)],
-                              capture_output=True, text=True)
-        if proc.returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip()}")
-        mounts.append(where)
-        return where
-
-    yield mount
-    for m in mounts:
-        subprocess.run(["umount", "-l", str(m)], check=False)
-
-
 def ckpt_bytes(base_run: Path) -> int:
     return sum(p.stat().st_size for p in final_path(base_run / "checkpoints", 4).rglob("*") if p.is_file())
 

@@ -38,7 +38,7 @@ import pytest
 from recovery.commit import final_path
 from recovery.events import read_events
 from recovery.identity import RUN_ID_FILE
-from faults import Fault, losses_by_attempt, run_until_done, write_rank_logs_tail
+from faults import Fault, checkpoint_tensors, losses_by_attempt, run_until_done, write_rank_logs_tail
 from recovery.resume import find_latest_verified
 
 pytestmark = pytest.mark.training
@@ -71,24 +71,10 @@ def write_job(run_dir: Path, layout: str, *extra: str) -> None:
 
 def final_tensors(run_dir: Path, tmp: Path) -> dict:
     """Every tensor of the newest verified checkpoint (model and optimizer), layout-free."""
-    import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
     found = find_latest_verified(run_dir / "checkpoints")
     assert found.step == ITERS, (found, write_rank_logs_tail(run_dir))
     out = tmp / f"{run_dir.name}_final.pt"
-    dcp_to_torch_save(str(found.path), str(out))
-    flat = {}
-
-    def walk(d, prefix=""):
-        for k, v in d.items():
-            if isinstance(v, dict):
-                walk(v, f"{prefix}{k}.")
-            elif torch.is_tensor(v):
-                flat[prefix + k] = v
-
-    walk(torch.load(out, weights_only=False))
-    return flat
+    return checkpoint_tensors(found.path, out)
 
 
 @dataclass
