@@ -15,6 +15,7 @@ resume_fallback     skipped (path), reason  -- a torn/corrupt checkpoint was pas
 signal              signal (name), step
 checkpoint_saved    step, path, seconds, bytes, reason (interval|signal|final)
 checkpoint_interval interval, reasoning (Young/Daly)
+checkpoint_abandoned step, phase (write|commit), detail -- an async save in flight when the attempt failed
 requeue             method (scontrol|exit_code|scontrol_after_crash), step, signal, job_id_requeued, ok, detail
 lead_time_warning   lead_s, step_s, save_s, detail -- the signal lead is shorter than a step plus a save
 failed_node         host, source -- a node a NODE_FAIL came from (recovery/exclusion.py)

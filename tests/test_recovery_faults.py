@@ -217,7 +217,9 @@ def test_reshard_tp2_checkpoint(target, reference, tmp_path):
 def test_zero_progress_guard_stops_a_deterministic_crash(tmp_path):
     run_dir = tmp_path / "crashing"
     # a checkpoint at step 2, then a crash at iteration 4 on every attempt
-    write_job(run_dir, "dp2", "training.checkpoint_interval=2", "training.zero_progress_restarts=1")
+    # (synchronous saves: an asynchronous one may still be in flight at the crash, and is then lost by design)
+    write_job(run_dir, "dp2", "training.checkpoint_interval=2", "training.zero_progress_restarts=1",
+              "training.async_save=false")
     atts = run_until_done(run_dir, WORLD, max_attempts=6, timeout_s=200,
                           env={**os.environ, "SLURMTRON_TEST_FAIL_AT_ITER": "4"})
     assert [a.code for a in atts] == [1, 1, 3], ([a.codes for a in atts], write_rank_logs_tail(run_dir))

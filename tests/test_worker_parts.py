@@ -343,3 +343,29 @@ def test_a_write_past_the_save_deadline_is_said_once_and_training_goes_on(tmp_pa
     assert len(slow) == 1 and slow[0]["step"] == 6 and slow[0]["limit_s"] == 90.0
     assert "3 x slowest save 30.0 s" in slow[0]["detail"]
     assert ckpt.pending is not None  # still in flight: nothing abandoned, nothing committed
+
+
+def test_a_crash_with_a_save_in_flight_says_the_save_is_abandoned_unless_its_commit_finished(tmp_path):
+    from concurrent.futures import Future
+
+    from recovery.events import read_events
+    from train.async_ckpt import InFlight
+    from train.checkpointer import Checkpointer
+
+    ctx = _rank_context(tmp_path, ["training.async_save=true"])
+    said = []
+    ctx.log = said.append
+    ckpt = Checkpointer(ctx, parts=None)
+    ckpt.abandon("RuntimeError")  # nothing in flight: nothing to say
+    assert said == [] and not ctx.paths.events.exists()
+    ckpt.pending = InFlight(4, "interval", 0.0, 0.3, {})  # still being written
+    ckpt.abandon("RuntimeError")
+    (event,) = [e for e in read_events(ctx.paths.events) if e["event"] == "checkpoint_abandoned"]
+    assert (event["step"], event["phase"]) == (4, "write") and "iter_0000004.tmp" in event["detail"]
+    assert said[-1].startswith("WARNING: ") and ckpt.pending is None
+    committed = Future()
+    committed.set_result(("ok", None))
+    ckpt.pending = InFlight(6, "interval", 0.0, 0.3, {}, phase="commit", commit=committed)
+    ckpt.abandon("RuntimeError")  # rank 0's commit needs no other rank: it finished, the save is durable
+    assert len([e for e in read_events(ctx.paths.events) if e["event"] == "checkpoint_abandoned"]) == 1
+    assert "durable" in said[-1] and not said[-1].startswith("WARNING")

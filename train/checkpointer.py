@@ -270,6 +270,29 @@ class Checkpointer:
             self._writer.close()
             self._writer = None
 
+    def abandon(self, why: str) -> None:
+        """This rank failed with an asynchronous save in flight (no collective is safe now).
+
+        A write not yet finalized on every rank cannot be finished without them: it stays ``iter_N.tmp``, is never
+        loaded, and is said (WARNING + ``checkpoint_abandoned``) so the step the next attempt resumes from is no
+        surprise. A commit already running on rank 0 (every rank's shards were finalized) is let finish: it needs
+        no other rank, and its checkpoint is then verified and durable."""
+        p, ctx = self.pending, self.ctx
+        if p is None:
+            return
+        self.pending = None
+        if p.phase == "commit" and p.commit is not None:
+            kind, _ = p.commit.result()
+            if kind == "ok":
+                ctx.log(f"the asynchronous save of iteration {p.step} was committing when this rank failed ({why}); "
+                        f"it is durable and verified")
+                return
+        msg = (f"the asynchronous save of iteration {p.step} was in flight ({p.phase}) when this rank failed ({why}); "
+               f"it cannot be finished without every rank, so it stays {ctx.paths.staging(p.step).name} and is never "
+               f"loaded: the next attempt resumes from the newest verified checkpoint before iteration {p.step}")
+        ctx.log(f"WARNING: {msg}")
+        ctx.emit("checkpoint_abandoned", step=p.step, phase=p.phase, detail=msg)
+
     def save(self, state: Any, reason: str) -> float:
         """Every rank: a checkpoint of ``state`` (reason: interval | signal | final); its seconds (0: none needed).
 

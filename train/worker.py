@@ -258,6 +258,9 @@ def _train(ctx: RankContext) -> int:
                  consumed_per_source=[s["consumed"] for s in end.get("sources", [])])
         _live_summary(ctx, result, live)
         return _finish(ctx, ckpt, parts, result, judge)
+    except BaseException as e:
+        ckpt.abandon(type(e).__name__)  # a save in flight that dies with this attempt is said, not silent
+        raise
     finally:  # also after a crash: what was written is flushed
         if ctx.tracker is not None:
             ctx.tracker.close()
