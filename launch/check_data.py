@@ -14,7 +14,7 @@ from typing import Any, Callable, List
 
 from launch import blend
 from launch.problems import Problem
-from launch.tokenizer import TokenizerError
+from launch.tokenizer import TokenizerError, under_root
 
 IDX_HEADER = b"MMIDIDX\x00\x00"  # Megatron-Core's indexed_dataset._INDEX_HEADER, version 1
 
@@ -165,7 +165,7 @@ def _tokenizer(job: Any, load_tokenizer: Callable[[str], Any]) -> List[Problem]:
     """The tokenizer loads, and its vocabulary is ``model.vocab_size`` (the model pads it, launch/vocab.py)."""
     name = job.data.tokenizer
     try:
-        tok = load_tokenizer(name)
+        tok = load_tokenizer(under_root(name, job.cluster.data_root))
     except TokenizerError as e:
         return [Problem("data.tokenizer", str(e), "", "fix the path or install the package named above")]
     if tok.vocab_size != job.model.vocab_size:

@@ -173,6 +173,16 @@ def _import(name: str, module: str, fix: str) -> Any:
 _FILE_KINDS = {"hf": HFTokenizer, "sentencepiece": SentencePieceTokenizer, "tiktoken": TiktokenTokenizer}
 
 
+def under_root(name: str, data_root: str = "") -> str:
+    """``data.tokenizer`` with a relative file path taken under ``cluster.data_root``, as relative data prefixes are
+    (:mod:`launch.blend`), so the login node and every rank read the same file whatever their working directory.
+    ``byte``, absolute paths and an empty root are unchanged."""
+    kind, sep, path = name.partition(":")
+    if not sep or kind not in _FILE_KINDS or not path or not data_root or os.path.isabs(path):
+        return name
+    return f"{kind}:{os.path.join(data_root, path)}"
+
+
 def get_tokenizer(name: str) -> Any:
     """The tokenizer named by ``data.tokenizer``; raises :class:`TokenizerError` with one line."""
     if name == "byte":

@@ -152,6 +152,27 @@ def test_the_vocab_mismatch_is_refused_before_submission(tmp_path, bpe):
     assert check(compose_job(TINY + [f"data.path={prefix}", f"data.tokenizer=hf:{bpe}", "model.vocab_size=300"])) == []
 
 
+def test_a_relative_tokenizer_path_is_under_the_data_root_like_the_prefixes(tmp_path, bpe, monkeypatch):
+    import shutil
+
+    from launch.tokenizer import under_root
+    from train.data import start_refusal
+
+    root = tmp_path / "datasets"
+    write_index(root / "c", (100,) * 20)
+    (root / "tok").mkdir()
+    shutil.copy(bpe, root / "tok" / "tokenizer.json")
+    monkeypatch.chdir(tmp_path)  # not the root: a path relative to the working directory would not be found
+    over = TINY + ["data.path=c", "data.tokenizer=hf:tok/tokenizer.json", "model.vocab_size=300"]
+    assert check(compose_job(over + [f"cluster.data_root={root}"])) == []
+    (p,) = [p for p in check(compose_job(over)) if p.field == "data.tokenizer"]  # no root: the working directory
+    assert "does not exist" in p.message  # (where there is no tok/)
+    job = compose_job(over + [f"cluster.data_root={root}"])
+    assert start_refusal(job.data, job.cluster.data_root) is None  # the ranks read the same file
+    assert under_root("byte", str(root)) == "byte"
+    assert under_root(f"hf:{bpe}", str(root)) == f"hf:{bpe}"  # absolute: unchanged
+
+
 @pytest.mark.parametrize("name, words", [
     ("hf:/nonexistent/tokenizer.json", "does not exist"),
     ("gpt2", "expected byte | hf:<tokenizer.json>"),

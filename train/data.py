@@ -18,7 +18,7 @@ import torch
 
 from launch.config import DataConfig, ModelConfig
 from launch import blend
-from launch.tokenizer import get_tokenizer
+from launch.tokenizer import get_tokenizer, under_root
 
 
 class SampleSource(Protocol):
@@ -104,7 +104,7 @@ def build_validation_source(data: DataConfig, model: ModelConfig, num_samples: i
     """The validation split: held-out documents of the indexed dataset, or mock sequences from another seed."""
     if data.kind == "mock":
         return MockGPTDataset(model.seq_length, model.vocab_size, data.seed + 1)
-    tokenizer = get_tokenizer(data.tokenizer)
+    tokenizer = get_tokenizer(under_root(data.tokenizer, data_root))
     return build_indexed_dataset(data, model.seq_length, num_samples, cache_dir, tokenizer, num_valid, data_root)[1]
 
 
@@ -114,7 +114,7 @@ def build_source(data: DataConfig, model: ModelConfig, num_samples: int, cache_d
     if data.kind == "mock":
         return MockGPTDataset(model.seq_length, model.vocab_size, data.seed)
     if data.kind == "indexed":
-        tokenizer = get_tokenizer(data.tokenizer)
+        tokenizer = get_tokenizer(under_root(data.tokenizer, data_root))
         if model.vocab_size != tokenizer.vocab_size:
             raise ValueError(f"model.vocab_size={model.vocab_size} != data.tokenizer {data.tokenizer!r} vocabulary "
                              f"{tokenizer.vocab_size}; set model.vocab_size={tokenizer.vocab_size}")
@@ -132,7 +132,7 @@ def start_refusal(data: DataConfig, data_root: str = "") -> Optional[Dict[str, s
     if data.kind != "indexed":
         return None
     try:
-        get_tokenizer(data.tokenizer)
+        get_tokenizer(under_root(data.tokenizer, data_root))
         sources = blend.train_sources(data, data_root) + blend.valid_sources(data, data_root)
     except TokenizerError as e:
         return {"reason": "unsupported_software" if e.package else "storage_error", "detail": str(e)}
