@@ -44,12 +44,13 @@ class Published:
     flops: str = "model"  # for tflops rows: "paper" or "model" (see the module docstring)
     assumed: str = ""
     framework: str = "megatron-core"  # whose memory behaviour (launch.planner.memory.FRAMEWORKS)
+    engine: str = "megatron-core"  # whose step-time behaviour (launch.planner.steptime.ENGINES)
 
     def estimate(self) -> float:
         """The planner's value of this row's metric (same units as ``value``)."""
         if self.metric == "memory_gib":
             return worst_stage(self.job, framework=self.framework).total
-        st = step_time(self.job)
+        st = step_time(self.job, framework=self.engine)
         if self.metric == "step_s":
             return st.step_time_s
         if self.flops == "paper":
@@ -144,28 +145,41 @@ def _job(model: ModelConfig, cluster: ClusterConfig, gbs: int, mbs: int = 1, pre
 
 
 # --- 1. Narayanan et al. 2021 (arXiv:2104.04473), Table 1 ---------------------------------------------------
-# 2021 Megatron: fp16, full recompute, micro-batch 1, plain 1F1B, no distributed optimizer, unfused attention.
-NARAYANAN_TABLE_1 = [  # size B, heads, hidden, layers, tp, pp, GPUs, batch, TFLOP/s per GPU
-    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137),
-    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138),
-    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142),
-    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135),
-    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138),
-    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140),
-    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148),
-    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155),
-    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163),
-    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163),
+# The paper (section 5.1) ran Table 1 with the interleaved schedule and the scatter/gather optimization; the
+# authors' script for it, NVIDIA/Megatron-LM examples/sc21/run_table_1.sh (commit 6985e58938, 2021-08-18, "scripts
+# used to produce the results in the Megatron paper"), gives per row the micro-batch (MBS), the layers per virtual
+# pipeline stage (--num-layers-per-virtual-pipeline-stage: 76B 5, 145B 5, 310B 3, 530B 1, the others not
+# interleaved) and the DDP (torch for the pp=1 rows: all-reduce overlapped with the last microbatch's backward,
+# model.no_sync() around the others in megatron/schedules.py; local for pp > 1: all-reduce after the backward);
+# CONFIG.sh: fp16, sequence 2048; uniform full recompute of every layer. Megatron-LM 2021 (engine
+# "megatron-lm-2021"): no distributed optimizer, unfused attention, fp16 gradients all-reduced in fp16, activations
+# scattered over tp between stages. Torch DDP's bucket: bucket_cap_mb 25 = 12.5M fp16 gradients.
+NARAYANAN_TABLE_1 = [  # size B, heads, hidden, layers, tp, pp, GPUs, batch, TFLOP/s per GPU, MBS, layers/virtual, DDP
+    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 16, None, "torch"),
+    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 16, None, "torch"),
+    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142, 16, None, "torch"),
+    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, 8, None, "torch"),
+    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, 4, None, "local"),
+    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, 2, 5, "local"),
+    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, 2, 5, "local"),
+    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, 1, 3, "local"),
+    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 1, 1, "local"),
+    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 1, None, "local"),
 ]
+TORCH_DDP_BUCKET = 25 * 2**20 // 2  # torch.nn.parallel.DistributedDataParallel bucket_cap_mb=25, fp16 gradients
 
 
 def narayanan() -> list[Published]:
     out = []
-    for size, heads, hidden, layers, tp, pp, gpus, batch, tflops in NARAYANAN_TABLE_1:
-        job = _job(gpt2021(layers, hidden, heads), selene(gpus // 8), batch, precision="fp16", tp=tp, pp=pp,
-                   recompute="full", distributed_optimizer=False)
-        out.append(Published("Narayanan 2021", "Narayanan et al. 2021, arXiv:2104.04473, Table 1",
-                             f"{size:g}B tp{tp} pp{pp} {gpus} GPUs", size, job, "tflops", tflops, flops="paper"))
+    for size, heads, hidden, layers, tp, pp, gpus, batch, tflops, mbs, per_virtual, ddp in NARAYANAN_TABLE_1:
+        job = _job(gpt2021(layers, hidden, heads), selene(gpus // 8), batch, mbs, precision="fp16", tp=tp, pp=pp,
+                   vpp=layers // pp // per_virtual if per_virtual else None, recompute="full",
+                   distributed_optimizer=False, overlap_grad_reduce=ddp == "torch",
+                   bucket_size=TORCH_DDP_BUCKET if ddp == "torch" else None)
+        out.append(Published("Narayanan 2021", "Narayanan et al. 2021, arXiv:2104.04473, Table 1; layout flags: "
+                             "NVIDIA/Megatron-LM examples/sc21/run_table_1.sh at 6985e58938",
+                             f"{size:g}B tp{tp} pp{pp} {gpus} GPUs", size, job, "tflops", tflops, flops="paper",
+                             engine="megatron-lm-2021"))
     return out
 
 
@@ -204,7 +218,8 @@ def mt_nlg() -> list[Published]:
                    recompute="full", distributed_optimizer=True)
         out.append(Published("Smith 2022 (MT-NLG)", "Smith et al. 2022, arXiv:2201.11990, section 2.4",
                              f"530B tp8 pp35 {nodes * 8} GPUs", 530, job, "step_s", step,
-                             assumed="micro-batch 1, full recompute, ZeRO-1 (DeepSpeed) as the optimizer shard"))
+                             assumed="micro-batch 1, full recompute, ZeRO-1 (DeepSpeed) as the optimizer shard",
+                             engine="deepspeed"))
     return out
 
 
@@ -245,7 +260,7 @@ def bloom() -> list[Published]:
     cite = "BigScience 2022, BLOOM 176B model page and arXiv:2211.05100 section 3.4"
     assumed = "embedding and loss count as pipeline layers (DeepSpeed's partition, 70 + 2 = 72 = 12 x 6)"
     return [Published("BigScience 2022 (BLOOM)", cite, "176B tp4 pp12 dp8 mbs2", 176, job, "tflops", 150,
-                      flops="paper", assumed=assumed),
+                      flops="paper", assumed=assumed, engine="deepspeed"),
             Published("BigScience 2022 (BLOOM)", cite, "176B tp4 pp12 dp8 mbs2 memory", 176, job, "memory_gib",
                       60 * 1e9 / 2**30, assumed=assumed + "; '60 GB' read as 10^9 bytes",
                       framework="deepspeed-bf16")]

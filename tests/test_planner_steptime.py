@@ -153,3 +153,20 @@ def test_the_loss_pays_its_fp32_passes_over_every_logit():
         traffic = LOSS_BYTES_PER_LOGIT * t.global_batch_size * j.model.seq_length * (v2 - v1) / tp
         expected = gemm / achievable_rate(j) + traffic / hbm_bandwidth(j.cluster.gpu)
         assert large - small == pytest.approx(expected / j.dp, rel=0.02), tp
+
+
+def test_engines_that_split_pipeline_sends_over_tp_and_reduce_fp16_gradients_in_fp16():
+    """``framework=``: Megatron-LM 2021's scatter/gather and DeepSpeed's partitioned pipeline sends move 1/tp of
+    an activation between stages (Megatron-Core the whole one without SP); Megatron-LM 2021 all-reduces fp16
+    gradients in fp16 (Megatron-Core here in fp32); an unknown engine is an error, not a silent default."""
+    j = _job("parallelism.tp=8", "parallelism.pp=4", "parallelism.sequence_parallel=false", "cluster.nodes=16",
+             "parallelism.distributed_optimizer=false", "training.precision=fp16")
+    core, old, ds = (step_time(j, framework=f) for f in ("megatron-core", "megatron-lm-2021", "deepspeed"))
+    assert old.pp_p2p_s == pytest.approx(ds.pp_p2p_s) and old.pp_p2p_s < core.pp_p2p_s / 4
+    assert old.dp_comm_s < core.dp_comm_s and ds.dp_comm_s == pytest.approx(core.dp_comm_s)
+    sp = dataclasses.replace(j, parallelism=dataclasses.replace(j.parallelism, sequence_parallel=True))
+    assert step_time(sp, framework="megatron-lm-2021").pp_p2p_s == pytest.approx(step_time(sp).pp_p2p_s)
+    bf16 = dataclasses.replace(j, training=dataclasses.replace(j.training, precision="bf16"))
+    assert step_time(bf16, framework="megatron-lm-2021").dp_comm_s == pytest.approx(step_time(bf16).dp_comm_s)
+    with pytest.raises(ValueError, match="framework 'megatron' is not one of"):
+        step_time(j, framework="megatron")

@@ -25,7 +25,8 @@ model. Every term is per GPU and per optimizer step:
 * **Pipeline**: ``(m + (pp-1)/vpp) * t_stage``: the bubble fraction (pp-1)/(m*vpp) of
   Narayanan et al. 2021, with the slowest stage setting t_stage; plus the point-to-point
   activation sends (2 per chunk and microbatch) at the inter-stage bandwidth, each with one hop
-  of latency. At a fixed global batch more data-parallel replicas mean fewer microbatches each,
+  of latency. Megatron-Core sends the whole activation from every tensor-parallel rank (a 1/tp
+  slice with sequence parallelism); engines that split it (``framework=``, below) send 1/tp. At a fixed global batch more data-parallel replicas mean fewer microbatches each,
   so the bubble's share grows with scale.
 * **Context parallel**: the ring passes K and V ``3(cp-1)`` times per layer (forward, and the
   backward's K/V plus their gradients); hidden behind the core-attention compute where it fits.
@@ -65,6 +66,19 @@ model. Every term is per GPU and per optimizer step:
   This is the term that makes small hidden sizes slower per FLOP: GEMM work grows as h^2 per
   token, this traffic as h (and as a*s for unfused attention).
 
+**Engine** (``framework=``, a planner argument for reading other engines' published runs; a
+slurmtron job is always ``megatron-core``), :data:`ENGINES`:
+
+* ``megatron-lm-2021``: Megatron-LM before its pipeline code moved into Megatron-Core (2021 to
+  March 2023, the code of Narayanan et al. 2021): ``--scatter-gather-tensors-in-pipeline`` (on by
+  default since 2021-02) sends 1/tp of each activation between stages and all-gathers it over
+  NVLink (``megatron/p2p_communication.py``); and the gradients are all-reduced in the
+  parameters' dtype (the local DDP without ``--accumulate-allreduce-grads-in-fp32``, and torch
+  DDP), so an fp16 run moves 2 bytes per gradient instead of 4.
+* ``deepspeed``: DeepSpeed's pipeline engine partitions the activations it sends between stages
+  over the model-parallel group (``is_pipe_partitioned = is_model_parallel``,
+  ``deepspeed/runtime/pipe/engine.py``): 1/tp per send.
+
 So MFU falls with scale for named reasons: fewer microbatches per replica (bubble), more hops per
 collective (alpha), a fixed per-step cost over a shorter step, and a slower slowest rank.
 
@@ -103,6 +117,7 @@ LOSS_BYTES_PER_LOGIT = 52.0
 KERNELS_PER_LAYER = 60  # kernels one layer launches per microbatch: ~20 forward, ~40 backward
 OPTIMIZER_BYTES_PER_PARAM = 30.0  # Adam: read grad 4, read+write main weight 8, moments 16, write bf16 weight 2
 GRAD_PASS_BYTES_PER_PARAM = 8.0  # grad-norm read 4 + zeroing the gradient buffer 4
+ENGINES = ("megatron-core", "megatron-lm-2021", "deepspeed")  # whose step-time behaviour (module docstring)
 
 # HBM bandwidth per GPU, GB/s, from the vendors' datasheets (A100 80GB SXM 2,039; H100 SXM 3,350;
 # H100 PCIe 2,000; H200 4,800; B200 8,000; MI300X 5,300; V100 SXM2 900). The memory-bound
@@ -207,12 +222,15 @@ def dp_bucket_params(dp_group: int, bucket_size: int | None = None) -> float:
 
 
 def step_time(job: Job, shape: Shape | None = None, flops: dict | None = None, attention: str | None = None,
-              rate: float | None = None) -> StepTime:
+              rate: float | None = None, framework: str = "megatron-core") -> StepTime:
     """Estimate one optimizer step of ``job`` (see the module docstring for every term).
 
     ``flops`` may pass :func:`analysis.flops.flops_breakdown` for the global batch and ``rate``
     :func:`achievable_rate`, so a layout enumeration computes them once instead of per layout.
+    ``framework`` is the engine whose behaviour to assume (:data:`ENGINES`; unknown raises).
     """
+    if framework not in ENGINES:
+        raise ValueError(f"framework {framework!r} is not one of {ENGINES}")
     p, c, t = job.parallelism, job.cluster, job.training
     attention = attention_of(job, attention)
     shape = shape or shape_of(job.model, p.tp)
@@ -260,7 +278,8 @@ def step_time(job: Job, shape: Shape | None = None, flops: dict | None = None, a
     p2p = 0.0
     if pp > 1:
         stride = tp * cp * max(1, job.dp)  # Megatron's rank order is tp, cp, dp, pp: stages are this far apart
-        p2p = 2 * v * (act_bytes / (tp if p.sequence_parallel else 1) / _bw(c, stride + 1) + _alpha(c, stride + 1))
+        split = p.sequence_parallel or framework != "megatron-core"  # SP, Megatron-LM's scatter/gather, DeepSpeed
+        p2p = 2 * v * (act_bytes / (tp if split else 1) / _bw(c, stride + 1) + _alpha(c, stride + 1))
 
     # Kernel launches: the host issues KERNELS_PER_LAYER kernels per layer and microbatch (more with a
     # recomputed forward); a layer whose GPU work is shorter than that is launch-bound.
@@ -269,13 +288,15 @@ def step_time(job: Job, shape: Shape | None = None, flops: dict | None = None, a
     layers = stage_layers(shape.layers, p)
     dp_group = max(1, job.dp) * cp
     stage_params = _stage_params(shape, job, layers)
-    weight_b = 4 if t.precision == "fp32" else 2  # gradients are reduced in fp32 either way
+    weight_b = 4 if t.precision == "fp32" else 2
+    # Megatron-Core reduces gradients in fp32 (slurmtron sets grad_reduce_in_fp32); Megatron-LM 2021 fp16 did not
+    grad_b = 2 if framework == "megatron-lm-2021" and t.precision == "fp16" else 4
     fsdp_mb = 0.0  # FSDP: per microbatch, gather the weights for forward and backward, reduce-scatter grads
     if fsdp and dp_group > 1:
         bw, a = _bw(c, tp * dp_group, stride=tp), _alpha(c, tp * dp_group)
         buckets = max(1.0, math.ceil(stage_params / dp_bucket_params(dp_group, p.bucket_size)))
         fsdp_mb = (2 * collective_s("all_gather", weight_b * stage_params, dp_group, bw, a)
-                   + collective_s("reduce_scatter", 4 * stage_params, dp_group, bw, a)
+                   + collective_s("reduce_scatter", grad_b * stage_params, dp_group, bw, a)
                    + 3 * (buckets - 1) * (dp_group - 1) * a)
     stage_times = []
     for k in distinct_stages(pp, p.account_for_embedding_in_pipeline_split):  # the others equal stage 1
@@ -299,10 +320,10 @@ def step_time(job: Job, shape: Shape | None = None, flops: dict | None = None, a
         buckets = max(1.0, math.ceil(stage_params / dp_bucket_params(dp_group, p.bucket_size)))
         per_bucket = stage_params / buckets
         if p.distributed_optimizer:
-            reduce = buckets * collective_s("reduce_scatter", 4 * per_bucket, dp_group, bw, a)
+            reduce = buckets * collective_s("reduce_scatter", grad_b * per_bucket, dp_group, bw, a)
             gather = buckets * collective_s("all_gather", weight_b * per_bucket, dp_group, bw, a)
         else:
-            reduce = buckets * collective_s("all_reduce", 4 * per_bucket, dp_group, bw, a)
+            reduce = buckets * collective_s("all_reduce", grad_b * per_bucket, dp_group, bw, a)
             gather = 0.0
         fwd, bwd = t_stage / 3, 2 * t_stage / 3
         dp_exposed = (max(reduce / buckets, reduce - bwd) if p.overlap_grad_reduce else reduce) \
