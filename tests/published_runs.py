@@ -359,7 +359,8 @@ def megatron_core_h100() -> list[Published]:
 # --transformer-impl local, --deterministic-mode, NCCL_ALGO=Ring, --timing-log-level 2) and
 # golden_values_dev_dgx_h100.json ("iteration-time" per step; the median of the steps after the first).
 # --timing-log-level 2 turns on the per-microbatch 'forward-compute'/'backward-compute' timers, whose start and
-# stop call torch.cuda.synchronize() (megatron/core/timers.py): the host cannot run ahead of the GPU there.
+# stop call torch.cuda.synchronize() (megatron/core/timers.py): the host cannot run ahead of the GPU across them.
+# That costs about one kernel's latency per timer; the step is host-bound either way (see the test's xfail).
 MEGATRON_CI = [  # layout dir, tp, pp, precision, median iteration time s (steps), golden-values commit
     ("tp1_pp4", 1, 4, "bf16", 0.12298, "steps 2-50", "062fa08e8b"),
     ("tp4_pp1_resume_torch_dist", 4, 1, "fp16", 0.19585, "steps 5-100 every 5th", "737e71fc40"),
