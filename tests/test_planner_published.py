@@ -107,7 +107,7 @@ SUB_1B = [r for r in ROWS if r.params_b < 1 and r.metric != "memory_gib"]
 
 @pytest.mark.xfail(strict=True, reason="Megatron-LM's CI runs of a 64M model on DGX H100 take 0.12-0.20 s per "
                                        "step; the planner says 0.05-0.07 s (1.7-3.7x too fast). The host is the "
-                                       "bottleneck there: the measured steps imply ~40-50 us of host time per kernel "
+                                       "bottleneck there: the measured steps imply ~50 us of host time per kernel "
                                        "(eager PyTorch + Megatron's Python per op) against the default 4 us "
                                        "cluster.kernel_launch_us. The runs' synchronizing timers (--timing-log-level "
                                        "2) only stop the host running ahead at each timer, worth one kernel's "
