@@ -145,15 +145,16 @@ def _job(model: ModelConfig, cluster: ClusterConfig, gbs: int, mbs: int = 1, pre
 
 
 # --- 1. Narayanan et al. 2021 (arXiv:2104.04473), Table 1 ---------------------------------------------------
-# The paper (section 5.1) ran Table 1 with the interleaved schedule and the scatter/gather optimization; the
-# authors' script for it, NVIDIA/Megatron-LM examples/sc21/run_table_1.sh (commit 6985e58938, 2021-08-18, "scripts
-# used to produce the results in the Megatron paper"), gives per row the micro-batch (MBS), the layers per virtual
-# pipeline stage (--num-layers-per-virtual-pipeline-stage: 76B 5, 145B 5, 310B 3, 530B 1, the others not
-# interleaved) and the DDP (torch for the pp=1 rows: all-reduce overlapped with the last microbatch's backward,
-# model.no_sync() around the others in megatron/schedules.py; local for pp > 1: all-reduce after the backward);
-# CONFIG.sh: fp16, sequence 2048; uniform full recompute of every layer. Megatron-LM 2021 (engine
-# "megatron-lm-2021"): no distributed optimizer, unfused attention, fp16 gradients all-reduced in fp16, activations
-# scattered over tp between stages. Torch DDP's bucket: bucket_cap_mb 25 = 12.5M fp16 gradients.
+# The authors' script for Table 1, NVIDIA/Megatron-LM examples/sc21/run_table_1.sh (commit 6985e58938,
+# 2021-08-18; examples/sc21/README.md: "scripts that were used to produce the results in the Megatron paper"),
+# gives per row the micro-batch (MBS), the layers per virtual pipeline stage (--num-layers-per-virtual-pipeline-
+# stage: 76B 5, 145B 5, 310B 3, 530B 1; the others not interleaved) and the DDP: torch for the pp=1 rows (its
+# all-reduce overlaps the last microbatch's backward, model.no_sync() around the others in megatron/schedules.py),
+# local for pp > 1 (all-reduce after the backward). CONFIG.sh: fp16, sequence 2048; uniform full recompute of
+# every layer. The scatter/gather of pipeline sends is on by default in that code (megatron/arguments.py:
+# --no-scatter-gather-tensors-in-pipeline). Engine "megatron-lm-2021": no distributed optimizer, unfused
+# attention, fp16 gradients all-reduced in fp16, activations scattered over tp between stages.
+# Torch DDP's bucket: bucket_cap_mb 25 = 12.5M fp16 gradients.
 NARAYANAN_TABLE_1 = [  # size B, heads, hidden, layers, tp, pp, GPUs, batch, TFLOP/s per GPU, MBS, layers/virtual, DDP
     (1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 16, None, "torch"),
     (3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 16, None, "torch"),

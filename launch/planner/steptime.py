@@ -26,8 +26,9 @@ model. Every term is per GPU and per optimizer step:
   Narayanan et al. 2021, with the slowest stage setting t_stage; plus the point-to-point
   activation sends (2 per chunk and microbatch) at the inter-stage bandwidth, each with one hop
   of latency. Megatron-Core sends the whole activation from every tensor-parallel rank (a 1/tp
-  slice with sequence parallelism); engines that split it (``framework=``, below) send 1/tp. At a fixed global batch more data-parallel replicas mean fewer microbatches each,
-  so the bubble's share grows with scale.
+  slice with sequence parallelism); engines that split it (``framework=``, below) send 1/tp.
+  At a fixed global batch more data-parallel replicas mean fewer microbatches each, so the
+  bubble's share grows with scale.
 * **Context parallel**: the ring passes K and V ``3(cp-1)`` times per layer (forward, and the
   backward's K/V plus their gradients); hidden behind the core-attention compute where it fits.
 * **Expert parallel**: four all-to-alls per MoE layer and microbatch (dispatch and combine,
