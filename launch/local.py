@@ -18,6 +18,12 @@ It applies the same policy as a Slurm job with ``--requeue``:
 * SIGINT/SIGTERM to this launcher are forwarded to the ranks (they save and exit 42), and
   an interrupted run is not relaunched: the user asked it to stop.
 
+One writer per run: the launcher takes the run lock (:mod:`recovery.lock`) before anything is
+written into the run and holds it over every attempt (its ranks' rank 0 holds it through
+``SLURMTRON_LOCK_TOKEN``). A launch of a run that is being trained prints one line naming the
+holder and exits 9 (``EXIT_RUN_LOCKED``) without writing a byte into that run: no rank is
+started, no log or event appended.
+
 :class:`Ranks` is the one local spawner of rank programs: this launcher, the preflight's local
 run (``launch/preflight.py``) and the test harnesses (``tests/faults.py``, ``tests/trainutil.py``)
 all start, watch and kill local ranks through it.
@@ -38,7 +44,7 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence, TextIO
 
 from launch.dist_env import free_port
 from launch.paths import RunPaths
-from recovery.policy import FINAL_CODES
+from recovery.policy import EXIT_RUN_LOCKED, FINAL_CODES
 
 EXIT_COMPLETED = 0
 EXIT_REQUEUE = 42
@@ -277,6 +283,34 @@ def _note(out: Any, text: Any) -> None:
         pass
 
 
+def take_run_lock(run_dir: str | Path, *, job_active: Optional[Callable[[str], Optional[bool]]] = None,
+                  echo: Optional[TextIO] = None) -> Any:
+    """The run lock for this launcher's whole chain of attempts (:class:`recovery.lock.Acquired`).
+
+    Raises :class:`recovery.lock.RunLocked` when a live writer holds it; nothing is written then.
+    A stale lock taken over (its holder died) is a WARNING line on ``echo`` and a
+    ``run_lock_takeover`` event, as when a rank takes it over."""
+    from recovery import lock
+    from recovery.events import EventLog
+
+    kw = {} if job_active is None else {"job_active": job_active}
+    acquired = lock.acquire(RunPaths.of(run_dir).lock, lock.me_from_env({}), **kw)  # this launcher is no Slurm step
+    if acquired.taken_over is not None:
+        old = acquired.taken_over
+        message = f"taking over the run lock of {old.describe()}: {acquired.why}"
+        _note(echo or sys.stderr, f"WARNING: {message}\n")
+        EventLog(RunPaths.of(run_dir).events).emit("run_lock_takeover", holder=old.describe(), reason=acquired.why,
+                                                   detail=message)
+    return acquired
+
+
+def locked_line(exc: Any, run_dir: str | Path) -> str:
+    """The one line of a launch refused by the run lock (``exc``: :class:`recovery.lock.RunLocked`)."""
+    return (f"refused: run.name: this run is being trained right now by {exc.holder.describe()} ({exc.why}); "
+            f"nothing was written or started (exit {EXIT_RUN_LOCKED}). Wait for it to end, stop it "
+            f"(python launch/stop.py {run_dir}), or pick another run.name")
+
+
 def run(
     job: Any,
     run_dir: str | Path,
@@ -286,15 +320,36 @@ def run(
     echo: Optional[TextIO] = None,
     max_attempts: Optional[int] = None,
     install_signals: bool = True,
+    run_lock: Any = None,
 ) -> int:
-    """Run ``job`` (whose config.yaml is already in ``run_dir``) to completion; return its exit code."""
+    """Run ``job`` (whose config.yaml is already in ``run_dir``) to completion; return its exit code.
+
+    ``run_lock``: the run lock already taken (:func:`take_run_lock`, as ``launch/pretrain.py`` does
+    before it writes config.yaml); else it is taken here. Either way it is released at the end."""
+    from recovery.lock import HANDOVER_ENV, RunLocked
+
     run_dir = Path(run_dir)
+    echo = sys.stdout if echo is None else echo
     if not RunPaths.of(run_dir).config.exists():
         raise FileNotFoundError(f"{RunPaths.of(run_dir).config} missing: write the composed job first")
-    launcher = LocalLauncher(
-        run_dir=run_dir, world=job.world_size, popen=popen,
-        env=dict(os.environ if env is None else env), echo=sys.stdout if echo is None else echo,
-    )
+    if run_lock is None:
+        try:
+            run_lock = take_run_lock(run_dir, echo=echo)
+        except RunLocked as exc:
+            print(locked_line(exc, run_dir), file=sys.stderr)
+            return EXIT_RUN_LOCKED
+    try:
+        return _chain(job, run_dir, popen=popen, env={**(os.environ if env is None else env),
+                                                      HANDOVER_ENV: run_lock.holder.token},
+                      echo=echo, max_attempts=max_attempts, install_signals=install_signals)
+    finally:
+        run_lock.release()
+
+
+def _chain(job: Any, run_dir: Path, *, popen: Callable[..., Any], env: dict, echo: TextIO,
+           max_attempts: Optional[int], install_signals: bool) -> int:
+    """Launch attempt after attempt, as Slurm's ``--requeue`` would, until a final code."""
+    launcher = LocalLauncher(run_dir=run_dir, world=job.world_size, popen=popen, env=env, echo=echo)
     previous = {}
     if install_signals and threading.current_thread() is threading.main_thread():
         for s in (signal.SIGINT, signal.SIGTERM):

@@ -140,8 +140,9 @@ def interpolation_refusal(exc: InterpolationResolutionError) -> str:
 def writer_problems(job: Job, run_dir: Path, runner: Callable[..., Any]) -> tuple[list[Problem], list[str]]:
     """One writer per run, asked on the login node before anything is written: (problems, warnings).
 
-    Refused: a run whose lock (``run.lock``) is held by a live attempt, and, for Slurm, a run
+    Refused, for Slurm: a run whose lock (``run.lock``) is held by a live attempt, and a run
     whose earlier jobs (``submissions.jsonl``) ``squeue`` still lists as pending or running.
+    ``cluster=local`` takes the lock itself before it writes anything (:func:`launch.local.take_run_lock`).
     The compute-node lock (:mod:`recovery.lock`) is the last line; this answers before a job
     is even queued.
     """
@@ -150,7 +151,9 @@ def writer_problems(job: Job, run_dir: Path, runner: Callable[..., Any]) -> tupl
 
     problems, warnings = [], []
     paths = job.paths_at(run_dir)
-    held = lock.active_holder(paths.lock, job_active=lambda j: lock.slurm_job_active(j, runner))
+    held = None
+    if job.cluster.launcher != "local":  # the local launcher takes the lock itself (launch/local.py): exit 9
+        held = lock.active_holder(paths.lock, job_active=lambda j: lock.slurm_job_active(j, runner))
     if held:
         holder, why = held
         problems.append(Problem("run.name", "this run is being trained right now (one writer per run)",
@@ -203,6 +206,11 @@ def record_member(job: Job, member: SweepMember, *, status: str, run_dir: Path, 
     with open(path, "a") as fh:
         fh.write(json.dumps(entry, sort_keys=True, default=str) + "\n")
     return path
+
+
+def _print_notes(job: Job, err: TextIO) -> None:
+    for note in notes(job):
+        print(f"note: {note}", file=err)
 
 
 def main(cfg: DictConfig, *, runner: Runner = default_runner, out: TextIO = sys.stdout,
@@ -259,31 +267,45 @@ def main(cfg: DictConfig, *, runner: Runner = default_runner, out: TextIO = sys.
                 record_member(job, sweep, status="refused", run_dir=run_dir, reasons=[str(p) for p in problems])
             return 0  # a sweep skips an invalid combination and goes on with the next
         return EXIT_REFUSED
-    for note in notes(job):
-        print(f"note: {note}", file=err)
     # the composed DictConfig prints 5x faster than re-structuring the Job; same text when unchanged
     text = literal_dollars(cfg, OmegaConf.to_yaml(cfg, resolve=True)) if job is composed else job_to_yaml(job)
     if job.dry_run:
+        _print_notes(job, err)
         _outcome(job, sweep, "ok (dry run)", _estimate_note(job))
         return _dry_run(job, run_dir, text, out, None if sweep else err)
     from launch.submit import RunDirSnapshot, SubmitError, submit
     from recovery.identity import ensure_run_id
 
+    from recovery import lock
+
     before = RunDirSnapshot.take(run_dir)
+    run_lock = None
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
+        if job.cluster.launcher == "local":  # the launcher holds the run before it writes a byte into it
+            from launch import local  # spawns the ranks (which import torch); this process does not
+
+            run_lock = local.take_run_lock(run_dir, job_active=lambda j: lock.slurm_job_active(j, runner), echo=err)
         job.paths_at(run_dir).config.write_text(text)
+    except lock.RunLocked as exc:  # another launch is training this run right now: leave all of it alone
+        before.restore()
+        print(local.locked_line(exc, run_dir), file=err)
+        if sweep is not None:
+            _outcome(job, sweep, "refused", "run.name: this run is being trained right now")
+            return 0
+        return local.EXIT_RUN_LOCKED
     except OSError as exc:
+        if run_lock is not None:
+            run_lock.release()
         before.restore()
         print(f"refused: cannot write the run directory {run_dir}: {exc.strerror or exc}; nothing was submitted\n"
               f"    fix: set cluster.run_root=<a writable directory> (or run.dir=...)", file=err)
         return refused
+    _print_notes(job, err)  # after the lock: a launch refused by it prints its one line only
     clear_stop_request(job, run_dir, err)  # put back by before.restore() if the submission fails
-    if job.cluster.launcher == "local":
-        from launch import local  # spawns the ranks (which import torch); this process does not
-
+    if run_lock is not None:  # cluster=local
         ensure_run_id(run_dir)  # the run's identity: every checkpoint's manifest names it
-        return int(local.run(job, run_dir))
+        return int(local.run(job, run_dir, run_lock=run_lock))
     try:
         subs = submit(job, run_dir, runner=runner)
         ensure_run_id(run_dir)  # (or rank 0 of the job made it first: the first creator wins)

@@ -18,6 +18,12 @@ so the record says who holds it and the next writer judges whether that holder i
 * another Slurm job id that ``squeue`` no longer lists (ended) -> stale: taken over with a WARNING;
 * otherwise (the holder runs, or its host/job cannot be asked) -> refused, naming the holder.
 
+``cluster=local``: the launcher (``launch/local.py``) takes the lock before it writes anything
+into the run and holds it for the whole chain of attempts; it hands it to its rank 0 through
+``SLURMTRON_LOCK_TOKEN`` (its record's token). Rank 0 finding that record holds the lock as it
+is (nothing rewritten, nothing released at the attempt's end), so a second launch is refused
+from the first instant to the last, also between attempts and while the ranks start.
+
 A takeover renames the stale record away (atomic; of two racing takers only one renames the
 record it judged, the other puts back what it moved and looks again) and then creates its own.
 """
@@ -33,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
+HANDOVER_ENV = "SLURMTRON_LOCK_TOKEN"  # the local launcher's record token, in its ranks' environment
 ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED",
                            "CONFIGURING", "COMPLETING", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"})
 
@@ -162,9 +169,12 @@ class Acquired:
     holder: Holder
     taken_over: Optional[Holder] = None
     why: str = ""
+    handed: bool = False  # held through the local launcher's record: the launcher releases it
 
     def release(self) -> bool:
         """Remove the lock if it is still ours (a takeover by a later attempt is left alone)."""
+        if self.handed:
+            return False
         try:
             current = Holder.from_text(self.path.read_text(encoding="utf-8"))
         except OSError:
@@ -206,10 +216,21 @@ def _link_new(path: Path, holder: Holder) -> bool:
 
 def acquire(path: Path, me: Holder, *, host: Optional[str] = None,
             alive: Callable[[int, Optional[float]], bool] = pid_alive,
-            job_active: Callable[[str], Optional[bool]] = slurm_job_active, attempts: int = 5) -> Acquired:
-    """Take the run lock for ``me`` or raise :class:`RunLocked` naming the live holder."""
+            job_active: Callable[[str], Optional[bool]] = slurm_job_active, attempts: int = 5,
+            handed_by: Optional[str] = None) -> Acquired:
+    """Take the run lock for ``me`` or raise :class:`RunLocked` naming the live holder.
+
+    ``handed_by``: the token of the local launcher's record (``SLURMTRON_LOCK_TOKEN``); when the
+    lock file holds that record, it is this process's already (:attr:`Acquired.handed`)."""
     path = Path(path)
     host = host or socket.gethostname()
+    if handed_by:
+        try:
+            current = Holder.from_text(path.read_text(encoding="utf-8"))
+        except OSError:
+            current = None
+        if current is not None and current.token == handed_by:
+            return Acquired(path, current, handed=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(attempts):
         if _link_new(path, me):

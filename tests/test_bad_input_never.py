@@ -106,17 +106,37 @@ def test_a_run_with_a_queued_job_is_refused_on_the_login_node(tmp_path):
     assert (run_dir / "run_id").read_text().strip()
 
 
-def test_a_locked_local_run_is_refused_on_the_login_node(tmp_path):
+def _tree(d):
+    """Every file under ``d`` with its bytes (the run directory as a reader sees it)."""
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def test_a_locked_local_run_is_refused_and_left_untouched(tmp_path):
+    """A second cluster=local launch of a run being trained: one line naming the holder, exit 9, and not a byte
+    written into the live run (no rank log appended, no event, config/stop request/run id as they were)."""
     from recovery import lock
+    from recovery.policy import EXIT_RUN_LOCKED
 
     run_dir = tmp_path / "runs" / "t"
-    held = lock.acquire(run_dir / "run.lock", lock.me_from_env({}))
+    cfg = ["cluster=local", "model=tiny", "run.name=t", f"cluster.run_root={tmp_path / 'runs'}"]
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(job_to_yaml(compose_job(cfg)) + "# the live run's copy\n")
+    (run_dir / "logs" / "local_0_rank0.out").write_text("iteration 1 of the live run\n")
+    (run_dir / "events.jsonl").write_text('{"event": "job_start", "rank": 0}\n')
+    (run_dir / "stop.json").write_text('{"state": "requested", "at_step": 9}\n')
+    (run_dir / "run_id").write_text("live\n")
+    held = lock.acquire(run_dir / "run.lock", lock.me_from_env({}))  # the live launcher: this test process
+    before = _tree(run_dir)
     err = io.StringIO()
-    rc = pretrain.main(_cfg(["cluster=local", "model=tiny", "run.name=t", f"cluster.run_root={tmp_path / 'runs'}"]),
-                       out=io.StringIO(), err=err)
-    assert rc == 2 and f"pid {os.getpid()}" in err.getvalue() and "one writer per run" in err.getvalue()
-    assert not (run_dir / "config.yaml").exists()
-    held.release()
+    try:
+        rc = pretrain.main(_cfg(cfg), out=io.StringIO(), err=err)
+    finally:
+        assert _tree(run_dir) == before
+        held.release()
+    lines = err.getvalue().splitlines()
+    assert rc == EXIT_RUN_LOCKED and len(lines) == 1, err.getvalue()
+    assert lines[0].startswith("refused: run.name: this run is being trained right now by ")
+    assert f"pid {os.getpid()}" in lines[0] and "nothing was written" in lines[0]
 
 
 # ---- analysis/report.py ------------------------------------------------------------------------

@@ -415,6 +415,27 @@ def test_rank0_takes_the_lock_names_the_run_and_refuses_a_second_writer(tmp_path
     ctx.run_lock.release()
 
 
+def test_rank0_holds_the_lock_its_local_launcher_handed_over(tmp_path):
+    """cluster=local: the launcher holds the run lock over all attempts; its rank 0 (given the record's token)
+    holds it as it is and leaves it to the launcher at its end. Anyone else is still refused."""
+    from launch.local import take_run_lock
+    from train.checkpointer import _decide
+
+    launcher = take_run_lock(tmp_path)
+    record = (tmp_path / "run.lock").read_bytes()
+    ctx, events = _rank0_ctx(tmp_path)
+    ctx.env = {lock.HANDOVER_ENV: launcher.holder.token}
+    start = _decide(ctx)
+    assert start.ok and ctx.run_lock.handed and not [e for e in events if e[0] == "run_lock_takeover"]
+    assert ctx.run_lock.release() is False and (tmp_path / "run.lock").read_bytes() == record
+    for env in ({}, {lock.HANDOVER_ENV: "another launcher's token"}):
+        other, _ = _rank0_ctx(tmp_path)
+        other.env = env
+        refused = _decide(other)
+        assert refused.decision["reason"] == "run_locked" and f"pid {os.getpid()}" in refused.decision["detail"]
+    assert launcher.release() and not (tmp_path / "run.lock").exists()
+
+
 def test_rank0_restart_from_scratch_only_on_a_fresh_submission(tmp_path):
     from train.checkpointer import _decide
 

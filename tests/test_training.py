@@ -256,7 +256,8 @@ def test_local_launcher_relaunches_a_crash_until_the_zero_progress_guard(tmp_pat
 def test_local_drain_at_step_stops_then_pretrain_continues(tmp_path):
     """cluster=local: a drain request (launch/stop.py at_step=3) ends the run at step 3 with exit 0, no
     relaunch; pretrain.py with the same run clears the request and continues from that checkpoint.
-    launch/status.py follows it: stopped, running (while pretrain.py trains), completed."""
+    launch/status.py follows it: stopped, running (while pretrain.py trains), completed. The same pretrain.py
+    command started again while it trains is refused by the run lock (exit 9) and leaves the run alone."""
     import json
     import subprocess
     import sys
@@ -299,13 +300,24 @@ def test_local_drain_at_step_stops_then_pretrain_continues(tmp_path):
     env = {**os.environ, "SLURMTRON_TEST_STEP_SLEEP_S": "1"}
     proc = subprocess.Popen([sys.executable, str(REPO / "launch" / "pretrain.py"), *overrides], cwd=tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    seen, deadline = [], time.time() + 300
+    seen, second, deadline = [], None, time.time() + 300
     while proc.poll() is None and time.time() < deadline:
         out = io.StringIO()
         assert status.main([str(run_dir), "--json"], runner=no_slurm, out=out, err=io.StringIO()) == 0
         seen.append(json.loads(out.getvalue()))
+        if second is None and seen[-1]["state"] == "running":  # the same command again, while it runs
+            second = subprocess.run([sys.executable, str(REPO / "launch" / "pretrain.py"), *overrides], cwd=tmp_path,
+                                    capture_output=True, text=True, env=env, timeout=120)
+            second_alive = proc.poll() is None
         time.sleep(0.5)
     stdout, stderr = proc.communicate(timeout=60)
+    # the second launch was refused by the run lock (held by the launcher from its start, over the ranks'
+    # start-up too): one line, exit 9, nothing started or appended to the running run's logs and events
+    assert second is not None and second_alive, [d["state"] for d in seen]
+    assert second.returncode == 9 and second.stdout == "", second.stdout[-3000:] + second.stderr[-3000:]
+    assert second.stderr.startswith("refused: run.name: this run is being trained right now by pid "), second.stderr
+    assert len(second.stderr.splitlines()) == 1 and f"pid {proc.pid} " in second.stderr, second.stderr
+    assert not any("run_locked" in p.read_text() for p in (run_dir / "logs").glob("*.out"))
     running = [d for d in seen if d["state"] == "running"]
     assert running, [d["state"] for d in seen]
     assert f"pid" in running[-1]["reason"] and running[-1]["attempts"] >= 1
@@ -321,4 +333,5 @@ def test_local_drain_at_step_stops_then_pretrain_continues(tmp_path):
     events = read_events(run_dir / "events.jsonl")
     assert [(e["restart_count"], e["step"]) for e in events if e["event"] == "resume"] == [(0, 3)]
     assert [e["reason"] for e in events if e["event"] == "exit"] == ["stopped", "completed"]
+    assert [e["rank"] for e in events if e["event"] == "job_start"] == [0, 0]  # none from the refused launch
     assert not (run_dir / "stop.json").exists()

@@ -369,3 +369,42 @@ def test_a_crash_with_a_save_in_flight_says_the_save_is_abandoned_unless_its_com
     ckpt.abandon("RuntimeError")  # rank 0's commit needs no other rank: it finished, the save is durable
     assert len([e for e in read_events(ctx.paths.events) if e["event"] == "checkpoint_abandoned"]) == 1
     assert "durable" in said[-1] and not said[-1].startswith("WARNING")
+
+
+def test_the_local_launcher_holds_the_run_over_its_attempts_and_a_second_launch_changes_nothing(tmp_path):
+    """cluster=local: the launcher takes the run lock before any rank starts and keeps it between attempts
+    (its ranks get the record's token); a second launch meanwhile is refused with exit 9 and writes nothing."""
+    import io
+    import os
+
+    from launch import local
+    from launch.compose import compose_job, job_to_yaml
+    from recovery import lock
+    from recovery.policy import EXIT_RUN_LOCKED
+
+    run_dir = tmp_path / "r"
+    cfg = ["cluster=local", "model=tiny", "cluster.gpus_per_node=1", f"run.dir={run_dir}", "run.name=r"]
+    job = compose_job(cfg)
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(job_to_yaml(job))
+    seen = []
+
+    def popen(argv, env, stdout, **_kw):  # one rank per attempt: a crash, then done
+        record = lock.Holder.from_text((run_dir / "run.lock").read_text())
+        second = io.StringIO()
+        files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+        assert local.run(job, run_dir, popen=_no_popen, echo=io.StringIO(), install_signals=False) \
+            == EXIT_RUN_LOCKED
+        assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == files
+        seen.append((record.pid, env[lock.HANDOVER_ENV] == record.token, int(env["SLURMTRON_RESTART_COUNT"])))
+        rank = _FakeProc(1 if not seen[:-1] else 0, 1)
+        rank.stdout = io.BytesIO(b"")  # the last rank's output is echoed
+        return rank
+
+    assert local.run(job, run_dir, popen=popen, echo=io.StringIO(), install_signals=False) == 0
+    assert seen == [(os.getpid(), True, 0), (os.getpid(), True, 1)]
+    assert not (run_dir / "run.lock").exists()  # released at the end of the chain
+
+
+def _no_popen(*_a, **_kw):
+    raise AssertionError("a refused launch started a rank")

@@ -64,7 +64,8 @@ def _decide(ctx: RankContext) -> Start:
 
     notices: list = []
     try:
-        ctx.run_lock = lock.acquire(ctx.paths.lock, lock.me_from_env(ctx.env))
+        ctx.run_lock = lock.acquire(ctx.paths.lock, lock.me_from_env(ctx.env),
+                                    handed_by=ctx.env.get(lock.HANDOVER_ENV) or None)
     except lock.RunLocked as e:
         return refuse("run_locked", str(e), notices)
     if ctx.run_lock.taken_over is not None:
