@@ -9,8 +9,9 @@ rank 0 alone calls :func:`commit`, which:
    written without ``sync_files``), hashing each on the way (several threads: hashlib
    releases the GIL), then fsyncs every directory of the staging tree;
 2. writes ``manifest.json`` (format version, step, the worker's ``meta``, and per file its
-   size and BLAKE2b-256 digest; see :func:`recovery.storage.new_hasher` for why BLAKE2b)
-   and fsyncs it and the staging directory;
+   size and SHA-256 digest; see :func:`recovery.storage.new_hasher` for why SHA-256; version-1
+   manifests carry BLAKE2b-256 digests and are verified with those) and fsyncs it and the
+   staging directory;
 3. if ``iter_NNNNNNN`` already exists (an earlier attempt saved the same step, then its
    successor was found corrupt or the run was rewound), moves it aside to
    ``iter_NNNNNNN.old`` first: POSIX cannot rename a directory over a non-empty one;
@@ -49,12 +50,13 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from recovery.quarantine import quarantine
-from recovery.storage import HASH_NAME, LocalStorage, StorageError, classify
+from recovery.storage import BLAKE2B_NAME, HASH_NAME, HASHES, LocalStorage, StorageError, classify, digest_key
 
 MANIFEST = "manifest.json"
 LATEST = "latest"
 FORMAT = "slurmtron-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: SHA-256 digests ("hash" names the algorithm); 1: BLAKE2b-256, still loaded
+VERSION_HASHES = {1: (BLAKE2B_NAME,), 2: tuple(HASHES)}  # the digests each manifest version may carry
 STAGING_SUFFIX = ".tmp"
 ASIDE_SUFFIX = ".old"
 DELETE_SUFFIX = ".del"  # being deleted by the prune: garbage, never a candidate
@@ -151,7 +153,7 @@ def seal_files(
     storage: Optional[LocalStorage] = None,
     threads: int = 4,
 ) -> dict[str, tuple[int, str]]:
-    """fsync and hash ``rel_files`` under ``directory``: {rel: (size, BLAKE2b hex)}.
+    """fsync and hash ``rel_files`` under ``directory``: {rel: (size, hex digest of :data:`HASH_NAME`)}.
 
     Rank 0 calls it (through :func:`commit`) for the files nobody sealed; any rank may call
     it for the shards it wrote, and pass the gathered result to :func:`commit` as ``digests``.
@@ -163,7 +165,7 @@ def seal_files(
     def seal(rel: str) -> tuple[str, int, str]:
         p = directory / rel
         st.fsync_file(p)
-        n, digest = st.digest(p)
+        n, digest = st.digest(p, hash_name=HASH_NAME)
         return rel, n, digest
 
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
@@ -245,7 +247,7 @@ def commit(
     sealed_here = seal_files(staging, [f for f in rel_files if f not in given], storage=st, threads=hash_threads)
     sealed_all = {**given, **sealed_here}
     sealed = [(rel, sealed_all[rel][0], sealed_all[rel][1]) for rel in rel_files]
-    files = {rel: {"size": n, "blake2b": d} for rel, n, d in sealed}
+    files = {rel: {"size": n, digest_key(HASH_NAME): d} for rel, n, d in sealed}
     for d in st.list_subdirs(staging):
         st.fsync_dir(d)
 
@@ -444,10 +446,14 @@ def verify(
         return f"manifest.json unreadable: {e}"
     except (ValueError, UnicodeDecodeError) as e:
         return f"manifest.json unreadable: {e}"
-    if doc.get("format") != FORMAT or doc.get("version") != FORMAT_VERSION:
-        return f"manifest format {doc.get('format')!r} v{doc.get('version')!r}, expected {FORMAT!r} v{FORMAT_VERSION}"
-    if doc.get("hash") != HASH_NAME:
-        return f"manifest hash {doc.get('hash')!r}, expected {HASH_NAME!r}"
+    version = doc.get("version")
+    if doc.get("format") != FORMAT or version not in VERSION_HASHES:
+        return (f"manifest format {doc.get('format')!r} v{version!r}, expected {FORMAT!r} "
+                f"v{' or v'.join(str(v) for v in sorted(VERSION_HASHES))}")
+    hash_name = doc.get("hash")
+    if hash_name not in VERSION_HASHES[version]:
+        return f"manifest v{version} hash {hash_name!r}, expected one of {list(VERSION_HASHES[version])}"
+    key = digest_key(hash_name)
     if doc.get("step") != parsed[0]:
         return f"manifest step {doc.get('step')!r} != directory step {parsed[0]}"
     files = doc.get("files")
@@ -480,15 +486,15 @@ def verify(
     if deep:
         def check(rel: str) -> Optional[str]:
             try:
-                _n, digest = st.digest(path / rel)
+                _n, digest = st.digest(path / rel, hash_name=hash_name)
             except OSError as e:
                 err = _storage_error(e, path / rel)
                 if err is not None:
                     raise err from e
                 return f"cannot read {rel}: {e}"
-            want = str(files[rel].get("blake2b"))
+            want = str(files[rel].get(key))
             if digest != want:
-                return f"checksum mismatch {rel}: blake2b {digest[:16]}... != manifest {want[:16]}..."
+                return f"checksum mismatch {rel}: {key} {digest[:16]}... != manifest {want[:16]}..."
             return None
 
         with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:

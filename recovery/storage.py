@@ -19,7 +19,8 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-HASH_NAME = "blake2b-256"
+HASH_NAME = "sha256"  # what new manifests use (recovery.commit.FORMAT_VERSION 2); see new_hasher
+BLAKE2B_NAME = "blake2b-256"  # what version-1 manifests used: still verified
 _CHUNK = 8 << 20  # 8 MiB reads: large enough to reach sequential bandwidth, small enough for memory
 
 # What an OSError means for a checkpoint. Only a checksum or completeness failure (decided by
@@ -87,17 +88,35 @@ def _raise_walk_error(err: OSError) -> None:
     raise err
 
 
-def new_hasher():
-    """BLAKE2b with a 256-bit digest.
+# manifest "hash" name -> (hashlib constructor, the per-file key that holds the hex digest)
+HASHES = {
+    HASH_NAME: (hashlib.sha256, "sha256"),
+    BLAKE2B_NAME: (lambda: hashlib.blake2b(digest_size=32), "blake2b"),
+}
 
-    Why BLAKE2b: it is in the standard library (the login node and CI need nothing extra),
-    it is a cryptographic hash, so a flipped bit, a swapped block or a truncated-then-padded
-    shard is detected with probability 1 - 2^-256 (a CRC32 over a fleet writing terabytes a
-    day will eventually collide), and in software it is faster than SHA-256 and MD5 on
-    64-bit CPUs (about 1 GB/s per core). hashlib releases the GIL while hashing, so
+
+def new_hasher(name: str = HASH_NAME):
+    """A hasher for the manifest hash ``name`` (default: what new checkpoints use, SHA-256).
+
+    Why SHA-256: it is in the standard library (the login node and CI need nothing extra), it is
+    a cryptographic hash, so a flipped bit, a swapped block or a truncated-then-padded shard is
+    detected with probability 1 - 2^-256 (a CRC32 over a fleet writing terabytes a day will
+    eventually collide), and OpenSSL runs it on the CPU's SHA instructions (x86 since AMD Zen and
+    Intel Ice Lake, ARMv8 crypto): 1.4 GB/s per core on the CPU machine, 2.1x BLAKE2b's 0.66 GB/s
+    there (benchmarks/RESULTS.md), which every save pays once per byte. Version-1 manifests say
+    ``blake2b-256`` and are verified with it. hashlib releases the GIL while hashing, so
     :func:`recovery.commit.commit` hashes files on several threads in parallel.
     """
-    return hashlib.blake2b(digest_size=32)
+    try:
+        make, _key = HASHES[name]
+    except KeyError:
+        raise ValueError(f"unknown checkpoint hash {name!r}; known: {sorted(HASHES)}") from None
+    return make()
+
+
+def digest_key(name: str = HASH_NAME) -> str:
+    """The manifest's per-file key holding a ``name`` digest (``sha256``, or ``blake2b`` in version 1)."""
+    return HASHES[name][1]
 
 
 class LocalStorage:
@@ -145,17 +164,18 @@ class LocalStorage:
         with open(path, "r", encoding="utf-8") as f:
             return f.read()
 
-    def digest(self, path: Path) -> tuple[int, str]:
-        """(bytes read, hex digest) of one file, read in large chunks."""
-        h = new_hasher()
+    def digest(self, path: Path, hash_name: str = HASH_NAME) -> tuple[int, str]:
+        """(bytes read, hex digest) of one file, read in large chunks into one reused buffer."""
+        h = new_hasher(hash_name)
         n = 0
-        with open(path, "rb") as f:
+        buf = memoryview(bytearray(_CHUNK))
+        with open(path, "rb", buffering=0) as f:
             while True:
-                chunk = f.read(_CHUNK)
-                if not chunk:
+                got = f.readinto(buf)
+                if not got:
                     break
-                h.update(chunk)
-                n += len(chunk)
+                h.update(buf[:got])
+                n += got
         return n, h.hexdigest()
 
     # ---- durable steps -----------------------------------------------------------------

@@ -56,7 +56,8 @@ def test_commit_writes_manifest_latest_and_resume_finds_it(tmp_path):
     assert res.bytes == sum(p.stat().st_size for p in res.path.rglob("*") if p.is_file() and p.name != MANIFEST)
     assert not staging_path(tmp_path, 10).exists()
     doc = json.loads((res.path / MANIFEST).read_text())
-    assert doc["step"] == 10 and doc["hash"] == "blake2b-256"
+    assert doc["step"] == 10 and doc["hash"] == "sha256" and doc["version"] == 2
+    assert all(set(f) == {"size", "sha256"} for f in doc["files"].values())
     assert set(doc["files"]) == {"__0_0.distcp", "__1_0.distcp", "common.pt", "sub/rng.pt"}
     assert (tmp_path / LATEST).read_text().strip() == "iter_0000010"
     r = find_latest_verified(tmp_path)
@@ -290,9 +291,9 @@ class CountingStorage(LocalStorage):
     def __init__(self):
         self.hashed: list[str] = []
 
-    def digest(self, path):
+    def digest(self, path, **kw):
         self.hashed.append(Path(path).name)
-        return super().digest(path)
+        return super().digest(path, **kw)
 
 
 def test_commit_with_digests_sealed_by_the_writing_ranks(tmp_path):
@@ -327,3 +328,43 @@ def test_commit_refuses_digests_that_do_not_match_the_files(tmp_path):
     with pytest.raises(ValueError, match="not in"):
         commit(tmp_path, 10, {}, keep=1, digests={"__7_0.distcp": (1, "00")})
     assert find_latest_verified(tmp_path).path is None  # nothing was committed
+
+
+def as_version_1(path: Path) -> None:
+    """Rewrite a committed checkpoint's manifest as the first format wrote it: BLAKE2b-256 digests."""
+    import hashlib
+
+    doc = json.loads((path / MANIFEST).read_text())
+    doc["version"], doc["hash"] = 1, "blake2b-256"
+    for rel, entry in doc["files"].items():
+        del entry["sha256"]
+        entry["blake2b"] = hashlib.blake2b((path / rel).read_bytes(), digest_size=32).hexdigest()
+    (path / MANIFEST).write_text(json.dumps(doc))
+
+
+def test_version_1_blake2b_manifests_still_verify_and_still_catch_a_flipped_byte(tmp_path):
+    old = save(tmp_path, 10).path
+    as_version_1(old)
+    assert verify(old) is None
+    assert find_latest_verified(tmp_path).path == old
+    save(tmp_path, 20)  # a new (version 2) checkpoint next to it; the prune keeps the old one (keep=3)
+    assert verify(old) is None and verify(final_path(tmp_path, 20)) is None
+    shard = old / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[7] ^= 0x01
+    shard.write_bytes(bytes(data))
+    assert verify(old).startswith("checksum mismatch __0_0.distcp: blake2b")
+
+
+@pytest.mark.parametrize("version,hash_name,why", [
+    (1, "sha256", "manifest v1 hash 'sha256'"),  # version 1 only ever carried BLAKE2b
+    (2, "md5", "manifest v2 hash 'md5'"),
+    (3, "sha256", "manifest format 'slurmtron-checkpoint' v3"),
+])
+def test_unknown_manifest_version_or_hash_is_refused(tmp_path, version, hash_name, why):
+    path = save(tmp_path, 10).path
+    doc = json.loads((path / MANIFEST).read_text())
+    doc["version"], doc["hash"] = version, hash_name
+    (path / MANIFEST).write_text(json.dumps(doc))
+    assert verify(path).startswith(why)
+    assert find_latest_verified(tmp_path).path is None

@@ -24,13 +24,18 @@ The commit (checksums, manifest, atomic rename, ``latest``: :mod:`recovery.commi
 rank 0 only after the finalize succeeded on all ranks, in a thread (hashing releases the
 GIL), and the ranks agree on its outcome at a later step boundary before the step counts as
 saved. A kill during the write or the commit leaves an ``iter_N.tmp`` that is never loaded.
+
+:class:`AsyncSaves` is that half of :class:`train.checkpointer.Checkpointer` (start, poll, wait,
+the commit thread, close, abandon); :class:`AsyncWriter` wraps the queue and the commit thread.
 """
 from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
+
+from train.context import broadcast
 
 
 @dataclass
@@ -68,10 +73,13 @@ class AsyncWriter:
         from functools import partial
 
         from recovery.signals import deferred
+        from train.megatron_ckpt import no_zip_crc32
 
         if delay_s > 0 and request.async_fn is not None:
             request = request._replace(async_fn=partial(delayed_write, delay_s, request.async_fn))
-        with deferred():  # the forked writer inherits the mask: Slurm's signal to the step does not cut it
+        # the forked writer inherits the mask (Slurm's signal to the step does not cut it) and torch.save's
+        # CRC32 setting (megatron_ckpt.no_zip_crc32: the manifest's SHA-256 is the check)
+        with deferred(), no_zip_crc32():
             self.queue.schedule_async_request(request)
 
     def finalized(self, blocking: bool) -> bool:
@@ -90,6 +98,192 @@ class AsyncWriter:
         self.queue.close(abort=True)
         if self.pool is not None:
             self.pool.shutdown(wait=True)
+
+
+class AsyncSaves:
+    """The asynchronous half of :class:`train.checkpointer.Checkpointer` (a mixin: the checkpointer holds the
+    state, ``pending``, ``_writer``, ``_slowest_save_s``, and the shared steps, ``_stage``, ``_agree``,
+    ``_failed``, ``_committed``, ``_meta``, ``_resolve_auto``, ``_check_lead``). Every method but the commit
+    thread's is called by every rank at a step boundary; :meth:`poll` is collective."""
+
+    pending: Optional[InFlight]
+    _writer: Optional[AsyncWriter]
+
+    def _start_async(self, state: Any, reason: str) -> None:
+        """Every rank: stage (rank 0), plan and fork this rank's shard writer; training goes on meanwhile."""
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        from train import megatron_ckpt
+
+        ctx, step = self.ctx, state.step
+        t0 = ctx.clock()
+        ctx.beat("save", step)
+        self._join_warmup()
+        ctx.log(f"saving checkpoint at iteration {step:7d} to {ctx.paths.checkpoint(step)} (asynchronous)")
+        stop = self._stage(step) if ctx.is_first else None
+        self._agree(stop)
+        meta = self._meta(state)
+        chunks, optimizer, scheduler = self.parts
+        sd = megatron_ckpt.sharded_state(chunks, optimizer, scheduler, meta,
+                                         distributed_optimizer=self._distributed_optimizer, is_loading=False)
+        if self._writer is None:
+            self._writer = AsyncWriter(ctx.is_first)
+        try:
+            request = megatron_ckpt.start_shards_async(ctx.paths.staging(step), sd,
+                                                       distributed_optimizer=self._distributed_optimizer)
+            self._writer.schedule(request, ctx.hooks.async_write_sleep_s)
+        except (Exception, CheckpointException) as e:
+            self._agree(self._failed(e, step) if ctx.is_first else None, e)
+            raise
+        blocking = ctx.clock() - t0
+        self.pending = InFlight(step, reason, t0, blocking, meta)
+        ctx.beat("train", step)  # the write goes on in the background: the watchdog watches steps again
+        ctx.emit("checkpoint_async_started", step=step, blocking_s=blocking, reason=reason)
+        ctx.log(f"  checkpoint at iteration {step:7d} is being written in the background "
+                f"(training blocked {blocking:.2f} s)")
+
+    def poll(self, blocking: bool = False) -> None:
+        """Every rank, at a step boundary (collective): move the save in flight on when its write ended on
+        every rank (finalize, then rank 0 commits in a thread) and when the commit is done (agree on it)."""
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        p, ctx = self.pending, self.ctx
+        if p is None:
+            return
+        if p.phase == "write":
+            try:
+                done = self._writer.finalized(blocking)
+            except (Exception, CheckpointException) as e:  # a failed write on any rank reaches every rank
+                self.pending = None
+                self._agree(self._failed(e, p.step) if ctx.is_first else None, e)
+                raise
+            if not done:
+                self._warn_if_slow(p)
+                return
+            p.written_s = ctx.clock() - p.t0
+            p.phase = "commit"
+            if ctx.is_first:
+                p.commit = self._writer.submit(self._commit_async, p)
+        kind, value, shared = "", None, None
+        if ctx.is_first:
+            kind, value = p.commit.result() if (blocking or p.commit.done()) else ("running", None)
+            shared = ("failed", None) if kind == "error" else (kind, value if kind == "failed" else None)
+        shared = broadcast(shared)  # ("running" | "ok" | "failed", the stop on a refused commit)
+        if shared[0] == "running":
+            return
+        self.pending = None
+        if kind == "error":  # rank 0's own crash (not a storage error): raised as it is
+            raise value
+        if shared[0] == "failed":
+            if shared[1] is None:
+                raise RuntimeError(f"rank 0 failed committing the checkpoint of iteration {p.step}")
+            from train.checkpointer import SaveFailed
+
+            raise SaveFailed(shared[1])
+        self._async_committed(p, value)
+
+    def wait_pending(self, why: str) -> float:
+        """Every rank: block until the save in flight is written, committed and agreed; the seconds waited."""
+        from recovery.signals import deferred
+
+        p, ctx = self.pending, self.ctx
+        t0 = ctx.clock()
+        ctx.beat("save", p.step)
+        ctx.log(f"waiting for the asynchronous save of iteration {p.step} ({why})")
+        with deferred():
+            self.poll(blocking=True)
+        waited = ctx.clock() - t0
+        ctx.emit("checkpoint_wait", step=p.step, seconds=waited, reason=why)
+        ctx.log(f"  the asynchronous save of iteration {p.step} is durable (waited {waited:.2f} s)")
+        return waited
+
+    def _async_committed(self, p: Any, result: Any) -> None:
+        """Every rank: the agreed end of an asynchronous save (rank 0 holds the commit's result)."""
+        ctx = self.ctx
+        total = ctx.clock() - p.t0
+        if ctx.is_first:
+            result, record = result
+            self._committed(result, p.step, p.reason, p.t0, record=record)
+        self.saved_steps.add(p.step)
+        self._slowest_save_s = max(self._slowest_save_s, total)
+        ctx.beat("saved", p.step, total)
+        ctx.log(f"  successfully saved checkpoint at iteration {p.step:7d} to {ctx.paths.checkpoint(p.step)} "
+                f"(asynchronous: training blocked {p.blocking_s:.2f} s, written {p.written_s:.2f} s, "
+                f"durable {total:.2f} s after the start)")
+        step_s = getattr(self, "_step_s", 0.0)
+        if self.interval is None and step_s > 0:
+            self.interval = self._resolve_auto(step_s, p.blocking_s, total)
+        if not self._lead_checked and step_s > 0:
+            self._check_lead(step_s, total, wait_s=total)
+            self._lead_checked = True
+
+    def _warn_if_slow(self, p: Any) -> None:
+        """A write still going past the save deadline the hang watchdog would apply to a blocking save
+        (max(training.hang_save_factor x the slowest save so far, training.hang_save_floor_s)): training goes on
+        and the next saves wait for it, so say it once (WARNING + ``checkpoint_write_slow``) rather than silently."""
+        t, ctx = self.ctx.job.training, self.ctx
+        limit = max(t.hang_save_factor * self._slowest_save_s, t.hang_save_floor_s)
+        age = ctx.clock() - p.t0
+        if p.slow_warned or age <= limit:
+            return
+        p.slow_warned = True
+        msg = (f"the asynchronous save of iteration {p.step} is still being written after {age:.0f} s > "
+               f"max(training.hang_save_factor {t.hang_save_factor:g} x slowest save {self._slowest_save_s:.1f} s, "
+               f"training.hang_save_floor_s {t.hang_save_floor_s:g}) = {limit:.0f} s; training goes on, later "
+               f"saves wait for it (a stuck writer or a slow filesystem: see the checkpoint directory's storage)")
+        ctx.log(f"WARNING: {msg}")
+        ctx.emit("checkpoint_write_slow", step=p.step, seconds=age, limit_s=limit, detail=msg)
+
+    def _commit_async(self, p: Any) -> tuple:
+        """Rank 0's commit thread: every rank's shards are written and finalized; make them durable."""
+        from recovery import commit
+
+        ctx = self.ctx
+        try:
+            if ctx.hooks.save_sleep_s > 0:
+                ctx.sleep(ctx.hooks.save_sleep_s)
+            result = commit.commit(ctx.paths.checkpoints, p.step, p.meta, keep=ctx.job.training.keep_checkpoints,
+                                   storage=ctx.storage, run=self.identity)
+            # durable now: recorded at once (the event log appends one line per write), not at the agreement a
+            # step later, so the log never lacks a committed checkpoint that a kill in between leaves behind
+            record = ctx.events.emit("checkpoint_saved", step=p.step, path=str(result.path),
+                                     seconds=ctx.clock() - p.t0, bytes=result.bytes, reason=p.reason,
+                                     blocking_s=p.blocking_s, written_s=p.written_s, mode="async")
+            return ("ok", (result, record))
+        except Exception as e:
+            stop = self._failed(e, p.step)
+            return ("failed", stop) if stop is not None else ("error", e)
+
+    def close(self) -> None:
+        """No asynchronous save left in flight or half-agreed; the writer and commit thread ended."""
+        if self.pending is not None:
+            self.wait_pending("shutdown")
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def abandon(self, why: str) -> None:
+        """This rank failed with an asynchronous save in flight (no collective is safe now).
+
+        A write not yet finalized on every rank cannot be finished without them: it stays ``iter_N.tmp``, is never
+        loaded, and is said (WARNING + ``checkpoint_abandoned``) so the step the next attempt resumes from is no
+        surprise. A commit already running on rank 0 (every rank's shards were finalized) is let finish: it needs
+        no other rank, and its checkpoint is then verified and durable."""
+        p, ctx = self.pending, self.ctx
+        if p is None:
+            return
+        self.pending = None
+        if p.phase == "commit" and p.commit is not None:
+            kind, _ = p.commit.result()
+            if kind == "ok":
+                ctx.log(f"the asynchronous save of iteration {p.step} was committing when this rank failed ({why}); "
+                        f"it is durable and verified")
+                return
+        msg = (f"the asynchronous save of iteration {p.step} was in flight ({p.phase}) when this rank failed ({why}); "
+               f"it cannot be finished without every rank, so it stays {ctx.paths.staging(p.step).name} and is never "
+               f"loaded: the next attempt resumes from the newest verified checkpoint before iteration {p.step}")
+        ctx.log(f"WARNING: {msg}")
+        ctx.emit("checkpoint_abandoned", step=p.step, phase=p.phase, detail=msg)
 
 
 def warm_results_queue() -> None:
