@@ -102,8 +102,8 @@ def new_hasher(name: str = HASH_NAME):
     a cryptographic hash, so a flipped bit, a swapped block or a truncated-then-padded shard is
     detected with probability 1 - 2^-256 (a CRC32 over a fleet writing terabytes a day will
     eventually collide), and OpenSSL runs it on the CPU's SHA instructions (x86 since AMD Zen and
-    Intel Ice Lake, ARMv8 crypto): 1.4 GB/s per core on the CPU machine, 2.1x BLAKE2b's 0.66 GB/s
-    there (benchmarks/RESULTS.md), which every save pays once per byte. Version-1 manifests say
+    Intel Ice Lake, ARMv8 crypto): 1.79 GB per CPU-second on the CPU machine, 1.9x BLAKE2b's 0.93
+    (benchmarks/RESULTS.md), which every save pays once per byte (and every resume once more). Version-1 manifests say
     ``blake2b-256`` and are verified with it. hashlib releases the GIL while hashing, so
     :func:`recovery.commit.commit` hashes files on several threads in parallel.
     """

@@ -1,7 +1,7 @@
 """What protects a checkpoint's bytes: the manifest's checksum, not torch.save's zip CRC32.
 
 Checkpoint shards are written without the zip CRC32 (train/megatron_ckpt.py ``no_zip_crc32``: it cost
-0.85 CPU-seconds per 1.6 GB save). These tests pin down why that loses nothing: torch.load never
+0.37 CPU-seconds per 1.6 GB save). These tests pin down why that loses nothing: torch.load never
 checks the CRC, a file written without it loads back exactly, and a flipped byte in such a file is
 still caught by the manifest (SHA-256) before anything loads it.
 """
