@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -120,14 +121,19 @@ def wandb_history(offline_run: Path) -> list[dict]:
 
 
 def test_wandb_offline_two_attempts_share_one_run_id_and_say_once_that_steps_may_repeat(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
+    wandb = pytest.importorskip("wandb")
+    for key in [k for k in os.environ if k.startswith("WANDB_")]:  # W&B reads its settings from these too
+        monkeypatch.delenv(key)
     monkeypatch.setenv("WANDB_SILENT", "true")
+    wandb.teardown()  # no W&B state left in this process by anything before
     job = _job(tmp_path, "tracking.wandb=true", "tracking.tensorboard=false")
     paths = job.paths_at(tmp_path / "run")
     paths.run_dir.mkdir(parents=True)
     warned: list = []
     events: list = []
+    runs: list = []
     for resumed, steps in ((0, range(1, 6)), (3, range(4, 9))):  # the second attempt redoes 4, 5 from step 3
+        before = set((paths.run_dir / "wandb").glob("offline-run-*"))
         tr = open_tracker(job, paths, resumed_step=resumed, warn=warned.append,
                           emit=lambda kind, **f: events.append((kind, f)))
         assert len(tr.writers) == 1, warned
@@ -135,20 +141,17 @@ def test_wandb_offline_two_attempts_share_one_run_id_and_say_once_that_steps_may
         for step in steps:
             tr.scalars(step, {"loss": 5.0 - step / 10})
         tr.close()
-    # each attempt is its own process in a job; its exit shuts W&B's service down, which completes the files
-    import wandb
-
-    wandb.teardown()
+        # closed: W&B's service is shut down and this attempt's transaction log is complete, read at once
+        (run,) = set((paths.run_dir / "wandb").glob("offline-run-*")) - before  # offline-run-<time>-<id>[-<n>]
+        rows = [r for r in wandb_history(run) if NAMES["loss"] in r]
+        # W&B's step is the iteration
+        assert [r["_step"] for r in rows] == list(steps), (run, warned)
+        assert [r[NAMES["loss"]] for r in rows] == pytest.approx([5.0 - s / 10 for s in steps])
+        runs.append(run)
     run_id = paths.wandb_id.read_text().strip()
-    runs = sorted((paths.run_dir / "wandb").glob("offline-run-*"))  # offline-run-<time>-<id>[-<n>]
-    assert len(runs) == 2 and all((r / f"run-{run_id}.wandb").is_file() for r in runs)
+    assert all((r / f"run-{run_id}.wandb").is_file() for r in runs)
     assert any("wandb sync" in w for w in warned)
     assert not [w for w in warned if "failed" in w]  # every attempt logged and finished its W&B run
-    # W&B's step is the iteration, in each attempt's transaction log
-    for run, steps in zip(runs, (range(1, 6), range(4, 9))):
-        rows = [r for r in wandb_history(run) if NAMES["loss"] in r]
-        assert [r["_step"] for r in rows] == list(steps)
-        assert [r[NAMES["loss"]] for r in rows] == pytest.approx([5.0 - s / 10 for s in steps])
     # offline cannot rewind: the resumed attempt (only) says so once, as a WARNING line and an event
     repeats = [w for w in warned if "may appear twice" in w]
     assert len(repeats) == 1 and repeats[0].startswith("WARNING: tracking.wandb") and "TensorBoard" in repeats[0]

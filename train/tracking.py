@@ -162,7 +162,18 @@ class WandbWriter:
         self.run.log({"events": text}, step=self._step)
 
     def close(self) -> None:
+        """Finish the run and shut W&B's service down: the attempt's files are complete when this returns.
+
+        ``finish()`` only hands the close of the run's stream to W&B's service process and returns (a reader right
+        after it can find the offline transaction log still empty); ``wandb.teardown()`` waits until the service has
+        closed every stream and exited, which otherwise happens only in the interpreter's exit handlers, and a rank
+        can be SIGKILLed before those run (``srun --kill-on-bad-exit``, Slurm's KillWait after a requeue). One
+        service per attempt also means no state carries over to a later W&B run in the same process."""
         self.run.finish()
+        try:
+            self.wandb.teardown()
+        except SystemExit as exc:  # teardown passes a failed service's exit code to sys.exit: a failure, not an exit
+            raise RuntimeError(f"W&B's service process exited with code {exc.code}") from None
 
 
 class Tracker:
