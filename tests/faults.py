@@ -93,6 +93,9 @@ class Attempt:
     faults: list = field(default_factory=list)  # the Faults planned for this attempt
     fired: list = field(default_factory=list)  # (Fault, time.time() injected, detail) in firing order
     started: float = 0.0  # time.time() when the ranks were spawned
+    # steps of the committed ``iter_N`` directories on disk when the ranks were spawned (after ``corrupt_latest``):
+    # the commit point is the rename, so this sees a checkpoint whose ``checkpoint_saved`` line a kill cut off
+    on_disk: list = field(default_factory=list)
     ended: float = 0.0
     timed_out: bool = False
 
@@ -119,6 +122,14 @@ def flip_byte_in_latest(ckpt_root: Path) -> Optional[Path]:
     data[len(data) // 2] ^= 0x10
     target.write_bytes(bytes(data))
     return target
+
+
+def committed_steps(ckpt_root: Path) -> list[int]:
+    """Steps of the committed (renamed, final) ``iter_N`` directories under ``ckpt_root``, oldest first."""
+    if not Path(ckpt_root).is_dir():
+        return []
+    return sorted(parse_dir_name(p.name)[0] for p in Path(ckpt_root).iterdir()
+                  if p.is_dir() and parse_dir_name(p.name) and not parse_dir_name(p.name)[1])
 
 
 def _staging_with_files(ckpt_root: Path, since: float) -> Optional[Path]:
@@ -217,6 +228,7 @@ def run_attempt(
         else:
             pending.append(f)
     injector = Injector(att, pending, EventTail(paths.events), ckpt_root, clock)
+    att.on_disk = committed_steps(ckpt_root)
     att.started = clock()
     ranks = Ranks(argv=["-m", WORKER_MODULE, str(run_dir)], world=world,
                   log_path=lambda r: paths.rank_log(restart, r, prefix=LOG_PREFIX), env=base, attempt=restart,

@@ -104,7 +104,10 @@ def test_stop_and_kills_during_an_async_write_resume_bitwise_equal(reference, tm
         [Fault("kill_rank", 1, rank=1, env=env, during="async_write")],
         [Fault("kill_rank", 1, rank=0, env=env, during="async_write")],
     ]
-    atts = run_until_done(run_dir, WORLD, plan, max_attempts=len(plan) + 1, timeout_s=240)
+    # kill_grace_s: the survivor of a killed rank ends by itself (its broken collective is a crash) and must have
+    # said checkpoint_abandoned by then; the harness's 5 s default before it kills survivors is short on a loaded
+    # machine, and a longer one costs nothing when the survivor ends at once
+    atts = run_until_done(run_dir, WORLD, plan, max_attempts=len(plan) + 1, timeout_s=240, kill_grace_s=30)
     logs = lambda: write_rank_logs_tail(run_dir)  # noqa: E731
     fired = [(f.kind, f.rank, d) for a in atts for f, _t, d in a.fired]
     assert len(fired) == 3 and all("while the save of step" in d for _k, _r, d in fired), (fired, logs())

@@ -173,7 +173,10 @@ def test_full_disk_stops_with_the_numbers_and_keeps_the_committed(base_run, tmp_
     size = ckpt_bytes(base_run)
     disk = small_disk(int(size * 1.5))  # one checkpoint fits, two do not
     d = tmp_path / "full"
-    r = run(d, "training.train_iters=6", f"cluster.checkpoint_root={disk}", "training.keep_checkpoints=1")
+    # synchronous saves: the refused save is the step-4 one; an asynchronous step-2 save still being written at
+    # step 4 would delay it to step 5 (at most one save in flight)
+    r = run(d, "training.train_iters=6", f"cluster.checkpoint_root={disk}", "training.keep_checkpoints=1",
+            "training.async_save=false")
     assert r.codes == [policy.EXIT_DISK_FULL], r.all_logs()
     [stop] = stops(r)
     assert stop["reason"] == "disk_full" and stop["free_bytes"] < size and "step 4" in stop["detail"]

@@ -255,6 +255,7 @@ def hang(cluster: Cluster, d: Path) -> Run:
     run = submit(cluster, d / "hang", "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=1",
                  "training.hang_step_floor_s=10")
     wait_step(run, 12)
+    wait_committed(run, 10)  # asynchronous: a write still in flight at the SIGSTOP would never be committed
     pid = rank_pid(run.job_id, 1)
     assert pid, run.logs()
     os.kill(pid, signal.SIGSTOP)
@@ -282,6 +283,9 @@ def user_cancel(cluster: Cluster, d: Path) -> Run:
     """TP2 x DP2; after the step-10 checkpoint the user runs ``scancel <jobid>``."""
     run = submit(cluster, d / "cancel", "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=0.5")
     wait_step(run, 12)
+    # the step-10 save durable first: its asynchronous write is not this test's subject (test_slurm_async_save.py),
+    # and waiting for it inside the 5 s KillWait would leave less for the stop checkpoint on a loaded machine
+    wait_committed(run, 10)
     run.seen["cancelled_at"] = time.time()
     cluster.run("scancel", run.job_id)
     return finish(cluster, run)
