@@ -23,7 +23,9 @@ from test_slurm_long_runs import _iterations, _logs, _submit_rendered
 @pytest.mark.timeout(420)
 def test_user_requeue_during_an_async_write_waits_saves_and_resumes(slurm_cluster: Cluster, tmp_path: Path) -> None:
     iters = 10
-    env = {**slurm_cluster.env, "SLURMTRON_TEST_STEP_SLEEP_S": "1", "SLURMTRON_TEST_ASYNC_WRITE_SLEEP_S": "4"}
+    # the writers wait 8 s: the USR2 must reach the ranks (poll, scancel, slurmctld, slurmd, slurmstepd) and be agreed
+    # at a step boundary while the save is still in flight, also on a loaded machine where each hop takes seconds
+    env = {**slurm_cluster.env, "SLURMTRON_TEST_STEP_SLEEP_S": "1", "SLURMTRON_TEST_ASYNC_WRITE_SLEEP_S": "8"}
     run_dir = tmp_path / "asyncstop"
     overrides = ["cluster=slurm_local", f"cluster.run_root={tmp_path}", "run.name=asyncstop", "cluster.nodes=1",
                  "run.time_limit_min=5", f"training.train_iters={iters}", "training.checkpoint_interval=3",
