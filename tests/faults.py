@@ -30,7 +30,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from launch.local import WORKER_MODULE, Ranks
 from launch.paths import RunPaths
-from recovery.commit import parse_dir_name
+from recovery.commit import parse_dir_name, staging_path
 from recovery.events import parse_json_lines, read_events
 from recovery.policy import EXIT_COMPLETED, EXIT_MAX_RESTARTS, EXIT_NAN, EXIT_ZERO_PROGRESS
 
@@ -189,13 +189,23 @@ class Injector:
                 self.writing = int(rec["step"])
             elif rec.get("event") in ("checkpoint_saved", "checkpoint_wait", "stop"):
                 self.writing = None
-        if not self.pending or (self.pending[0].during == "async_write" and self.writing is None):
+        if not self.pending or (self.pending[0].during == "async_write" and not self._still_writing()):
             return
         if _fire(self.pending[0], self.att, ranks, self.iterations, self.ckpt_root, self.clock):
             if self.pending[0].during == "async_write":
                 fault, t, detail = self.att.fired[-1]
                 self.att.fired[-1] = (fault, t, f"{detail}, while the save of step {self.writing} was written")
             self.pending.pop(0)
+
+
+    def _still_writing(self) -> bool:
+        """The asynchronous save the event log says started is still being written, seen on disk just now: its
+        staging directory holds no ``.metadata`` yet (the finalize writes it once every rank's shards are written).
+        The event log alone can be seconds old on a loaded machine, and the save committed meanwhile."""
+        if self.writing is None:
+            return False
+        staging = staging_path(self.ckpt_root, self.writing)
+        return staging.is_dir() and not (staging / ".metadata").exists()
 
 
 def run_attempt(
