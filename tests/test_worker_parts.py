@@ -408,3 +408,30 @@ def test_the_local_launcher_holds_the_run_over_its_attempts_and_a_second_launch_
 
 def _no_popen(*_a, **_kw):
     raise AssertionError("a refused launch started a rank")
+
+
+def test_each_rank_seals_the_shards_torch_names_for_it(tmp_path):
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from train.megatron_ckpt import own_shard_files
+
+    dcp.save({"w": torch.arange(10.0)}, storage_writer=dcp.FileSystemWriter(str(tmp_path)), no_dist=True)
+    written = sorted(p.name for p in tmp_path.iterdir() if p.suffix == ".distcp")
+    assert written and own_shard_files(tmp_path, 0) == written  # torch's own naming: __<rank>_<n>.distcp
+    assert own_shard_files(tmp_path, 1) == []
+
+
+def test_a_rank_that_cannot_seal_its_shards_is_said_and_rank_0_hashes_them(tmp_path):
+    from recovery.events import read_events
+    from train.checkpointer import Checkpointer
+
+    ctx = _rank_context(tmp_path, [])
+    said = []
+    ctx.log = said.append
+    ckpt = Checkpointer(ctx, parts=None)
+    digests = ckpt._digests([("ok", {"__0_0.distcp": (5, "ab")}), ("error", "OSError: [Errno 5] EIO")], 3)
+    assert digests == {"__0_0.distcp": (5, "ab")}  # rank 1's files are left to the commit, which hashes them
+    (event,) = [e for e in read_events(ctx.paths.events) if e["event"] == "checkpoint_seal_fallback"]
+    assert (event["step"], event["rank"]) == (3, 1) and "EIO" in event["detail"]
+    assert said[-1].startswith("WARNING: rank 1 could not hash")

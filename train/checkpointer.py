@@ -18,7 +18,7 @@ from typing import Any, Optional
 from recovery.interval import resolve_interval
 from recovery.resume import Resume
 from train.async_ckpt import AsyncSaves
-from train.context import RankContext, broadcast, model_shape
+from train.context import RankContext, broadcast, gather, model_shape
 
 
 @dataclass
@@ -288,8 +288,7 @@ class Checkpointer(AsyncSaves):
             return self._save(state, reason)
 
     def _save(self, state: Any, reason: str) -> float:
-        """Stage (rank 0), write shards (all), commit (rank 0), with a barrier between each."""
-        import torch.distributed as dist
+        """Stage (rank 0), write and seal shards (all; rank 0 gathers the digests), commit (rank 0)."""
         from torch.distributed.checkpoint.api import CheckpointException  # derives from BaseException, not Exception
 
         from recovery import commit
@@ -314,7 +313,7 @@ class Checkpointer(AsyncSaves):
         except (Exception, CheckpointException) as e:  # a write failure reaches every rank (gathered by Megatron)
             self._agree(self._failed(e, step) if ctx.is_first else None, e)
             raise
-        dist.barrier()
+        sealed = gather(self._seal_own(step))  # rank 0 learns that every rank's write is done, and its digests
         if ctx.hooks.hangs_in("save", ctx.rank, ctx.restart, step):
             ctx.sleep(ctx.hooks.hang_s)
         if ctx.is_first:
@@ -322,7 +321,7 @@ class Checkpointer(AsyncSaves):
                 ctx.sleep(ctx.hooks.save_sleep_s)
             try:
                 result = commit.commit(ctx.paths.checkpoints, step, meta, keep=ctx.job.training.keep_checkpoints,
-                                       storage=ctx.storage, run=self.identity)
+                                       storage=ctx.storage, run=self.identity, digests=self._digests(sealed, step))
             except Exception as e:
                 stop = self._failed(e, step)
                 if stop is None:
@@ -336,6 +335,33 @@ class Checkpointer(AsyncSaves):
         ctx.beat("saved", step, seconds)
         ctx.log(f"  successfully saved checkpoint at iteration {step:7d} to {final} ({seconds:.2f} s)")
         return seconds
+
+    def _seal_own(self, step: int) -> tuple:
+        """Every rank, after its shards are written: fsync and hash them here, while they are in this node's page
+        cache, so rank 0 does not re-read the whole checkpoint (``recovery.commit.commit(digests=...)``).
+        ("ok", {file: (size, digest)}) or ("error", why): rank 0 then hashes those files itself."""
+        from recovery.commit import seal_files
+        from train.megatron_ckpt import own_shard_files
+
+        staging = self.ctx.paths.staging(step)
+        try:
+            return "ok", seal_files(staging, own_shard_files(staging, self.ctx.rank), storage=self.ctx.storage)
+        except Exception as e:  # noqa: BLE001 - rank 0 reads the files instead, and says so
+            return "error", f"{type(e).__name__}: {e}"
+
+    def _digests(self, sealed: list, step: int) -> dict:
+        """Rank 0: the digests every rank sealed; a rank that could not seal its files is said (WARNING +
+        ``checkpoint_seal_fallback``) and its files are hashed by the commit instead."""
+        digests: dict = {}
+        for rank, (kind, value) in enumerate(sealed):
+            if kind == "ok":
+                digests.update(value)
+                continue
+            msg = (f"rank {rank} could not hash its shards of iteration {step} ({value}); rank 0 reads and hashes "
+                   f"them instead")
+            self.ctx.log(f"WARNING: {msg}")
+            self.ctx.emit("checkpoint_seal_fallback", step=step, rank=rank, detail=msg)
+        return digests
 
     def _stage(self, step: int) -> Optional[dict]:
         """Rank 0: an empty staging directory, and the free-space check against the expected size."""

@@ -142,6 +142,15 @@ def broadcast(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
+def gather(obj: Any, dst: int = 0) -> Optional[list]:
+    """Every rank's ``obj`` (picklable), in rank order, on rank ``dst``; None on the others."""
+    import torch.distributed as dist
+
+    out = [None] * dist.get_world_size() if dist.get_rank() == dst else None
+    dist.gather_object(obj, out, dst=dst)
+    return out
+
+
 @dataclass
 class RankContext:
     """One rank of one attempt of a run."""

@@ -228,6 +228,15 @@ def save_shards(path: Path, state: Dict[str, Any], *, distributed_optimizer: boo
         )
 
 
+def own_shard_files(staging: Path, rank: int) -> List[str]:
+    """The shard files rank ``rank`` wrote into ``staging``: torch's FileSystemWriter (and Megatron-Core's
+    async one) name them ``__<rank>_<n>.distcp``. A file this misses is not lost: the commit hashes every file
+    no rank sealed."""
+    prefix = f"__{rank}_"
+    return sorted(p.name for p in Path(staging).iterdir()
+                  if p.is_file() and p.name.startswith(prefix) and p.name.endswith(".distcp"))
+
+
 def start_shards_async(path: Path, state: Dict[str, Any], *, distributed_optimizer: bool) -> Any:
     """Every rank: plan the save of ``state`` into ``path`` and write ``common.pt`` (rank 0) now; the shard
     write is the returned ``AsyncRequest``, to schedule with :class:`train.async_ckpt.AsyncWriter` (which forks
