@@ -346,6 +346,27 @@ def run(
         run_lock.release()
 
 
+def ended_how(result: Attempt) -> str:
+    """Why an attempt that is relaunched ended, from its ranks' exit codes."""
+    if result.code == EXIT_REQUEUE:
+        return "checkpointed on a stop signal, requeue asked"
+    bad = [f"rank {r} {'killed by signal ' + str(-c) if c is not None and c < 0 else 'exit ' + str(c)}"
+           for r, c in enumerate(result.codes) if c not in (0, EXIT_REQUEUE)]
+    return "a crash: " + ", ".join(bad[:4]) + (f" (+{len(bad) - 4} more)" if len(bad) > 4 else "")
+
+
+def final_words(code: int) -> str:
+    """The end of a chain in words: ``ended (exit 0)``, ``stopped: zero_progress (exit 3)``, ..."""
+    from recovery.policy import FINAL_REASONS
+
+    if code == EXIT_COMPLETED:
+        return "ended (exit 0)"
+    if code == EXIT_REQUEUE:
+        return "stopped with a checkpoint (exit 42)"
+    reasons = [r for r, c in FINAL_REASONS.items() if c == code]
+    return f"stopped: {reasons[0]} (exit {code})" if reasons else f"failed (exit {code})"
+
+
 def _chain(job: Any, run_dir: Path, *, popen: Callable[..., Any], env: dict, echo: TextIO,
            max_attempts: Optional[int], install_signals: bool) -> int:
     """Launch attempt after attempt, as Slurm's ``--requeue`` would, until a final code."""
@@ -354,19 +375,29 @@ def _chain(job: Any, run_dir: Path, *, popen: Callable[..., Any], env: dict, ech
     if install_signals and threading.current_thread() is threading.main_thread():
         for s in (signal.SIGINT, signal.SIGTERM):
             previous[s] = signal.signal(s, lambda signum, _f: launcher.forward(signum))
+    say = lambda text: _note(echo, f"launcher: {text}\n")  # noqa: E731 - one progress line per phase
+    started = launcher.clock()
     try:
         limit = max_attempts if max_attempts is not None else job.training.max_restarts + 2
         attempt = 0  # a fresh launch starts a new chain (restart count 0), like a new sbatch
         code = 1
-        for _ in range(limit):
+        for n in range(limit):
+            say(f"attempt {attempt}: starting {job.world_size} rank(s) of run {job.run.name} on this machine; "
+                f"rank logs {RunPaths.of(run_dir).logs}/local_{attempt}_rank*.out, the last rank's output follows")
             result = launcher.launch(attempt)
             code = result.code
             if result.interrupted and code == EXIT_REQUEUE:  # Ctrl-C: checkpointed; say how to continue
                 print(f"stopped: a checkpoint was saved (exit {code}); run the same command again to continue "
                       f"run {job.run.name} from it", file=launcher.echo)
             if code in TERMINAL or result.interrupted:
-                return code
+                break
+            if n + 1 < limit:
+                say(f"attempt {attempt} ended with exit {code} ({ended_how(result)}); relaunching as attempt "
+                    f"{attempt + 1}, as Slurm's --requeue would")
             attempt += 1
+        say(f"run {job.run.name} {final_words(code)} after {launcher.clock() - started:.0f} s and {attempt + 1} "
+            f"attempt(s). Next: python launch/status.py {run_dir}; python analysis/report.py {run_dir} --out "
+            f"{RunPaths.of(run_dir).run_dir / 'report'}")
         return code
     finally:
         for s, h in previous.items():

@@ -251,6 +251,19 @@ def test_local_launcher_relaunches_a_crash_until_the_zero_progress_guard(tmp_pat
     assert [s["reason"] for s in stops] == ["crash", "zero_progress"]
     assert stops[-1]["code"] == 3 and stops[-1]["restart_count"] == 1
     assert "iteration        1/       4" in proc.stdout  # the last rank's output is echoed live
+    # progress: the launcher says what it does, the last rank says each long phase as it begins
+    said = [line for line in proc.stdout.splitlines() if line.startswith("launcher: ")]
+    assert [line.split(";")[0].split(" (")[0] for line in said] == [
+        "launcher: attempt 0: starting 2 rank(s) of run tiny on this machine",
+        "launcher: attempt 0 ended with exit 1",
+        "launcher: attempt 1: starting 2 rank(s) of run tiny on this machine",
+        "launcher: run tiny stopped: zero_progress"], said
+    phases = [line.split("] ", 1)[1].split(":")[0].split(" (")[0] for line in proc.stdout.splitlines()
+              if line.startswith("[") and " s] " in line[:12]]
+    first = ["attempt 0 of run tiny", "2 rank(s) joined", "building the model", "building the data",
+             "training from step 1 to 4; the first step is slower"]
+    assert phases[:len(first)] == first, phases
+    assert phases[len(first):len(first) + 2] == ["attempt 1 of run tiny", "2 rank(s) joined"], phases
 
 
 def test_local_drain_at_step_stops_then_pretrain_continues(tmp_path):

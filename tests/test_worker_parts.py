@@ -401,8 +401,17 @@ def test_the_local_launcher_holds_the_run_over_its_attempts_and_a_second_launch_
         rank.stdout = io.BytesIO(b"")  # the last rank's output is echoed
         return rank
 
-    assert local.run(job, run_dir, popen=popen, echo=io.StringIO(), install_signals=False) == 0
+    echo = io.StringIO()
+    assert local.run(job, run_dir, popen=popen, echo=echo, install_signals=False) == 0
     assert seen == [(os.getpid(), True, 0), (os.getpid(), True, 1)]
+    said = [line for line in echo.getvalue().splitlines() if line.startswith("launcher: ")]
+    assert said[0].startswith(f"launcher: attempt 0: starting 1 rank(s) of run r on this machine; rank logs "
+                              f"{run_dir / 'logs'}/local_0_rank*.out")
+    assert said[1] == ("launcher: attempt 0 ended with exit 1 (a crash: rank 0 exit 1); relaunching as attempt 1, "
+                       "as Slurm's --requeue would")
+    assert said[2].startswith("launcher: attempt 1: starting 1 rank(s)")
+    assert said[3].startswith("launcher: run r ended (exit 0) after ") and "and 2 attempt(s)" in said[3]
+    assert f"python launch/status.py {run_dir}" in said[3] and len(said) == 4
     assert not (run_dir / "run.lock").exists()  # released at the end of the chain
 
 

@@ -173,6 +173,16 @@ class RankContext:
     writer_warmup: Any = None  # train.async_ckpt.WriterWarmUp, set by init_distributed: join before the first save
     tracker: Any = None  # train.tracking.Tracker on the tracking rank (TensorBoard/W&B), else None
     heartbeat: Heartbeat = field(default_factory=Heartbeat.disabled)  # to this rank's hang watcher
+    started: Optional[float] = None  # clock() when this rank started (set at construction)
+
+    def __post_init__(self) -> None:
+        if self.started is None:
+            self.started = self.clock()
+
+    def phase(self, text: str) -> None:
+        """One progress line as a long, otherwise silent phase begins (start-up, data, first step, shutdown),
+        with the seconds since this rank started: ``[  12.3 s] building the model ...`` (last rank only)."""
+        self.log(f"[{self.clock() - self.started:6.1f} s] {text}")
 
     def beat(self, phase: str, step: int = 0, seconds: float = 0.0) -> None:
         """A heartbeat for the hang watchdog (:mod:`recovery.watchdog`): a step boundary or a phase change."""
