@@ -93,9 +93,16 @@ def test_run_longer_than_its_time_limit_finishes_over_slices_without_lost_progre
     assert sorted(steps) == list(range(1, iters + 1)) and len(steps) == iters, diag
     slices = sorted({e["restart_count"] for e in events if e["event"] == "job_start"})
     assert len(slices) >= 2, diag  # it did not fit one slice
-    signal_saves = [e["step"] for e in events if e["event"] == "checkpoint_saved" and e.get("reason") == "signal"]
-    resumes = [e["step"] for e in events if e["event"] == "resume"]
-    assert resumes and resumes == signal_saves[:len(resumes)], diag  # each slice starts where the last saved
+    # each slice starts where the newest save before it left off (a slice that spent its minute starting up
+    # saves nothing new, and the next one starts at the same step: seen at load average 22)
+    newest, resumes = None, []
+    for e in events:
+        if e["event"] == "checkpoint_saved":
+            assert e.get("reason") in ("signal", "final"), diag  # checkpoint_interval=1000: only stops and the end
+            newest = e["step"]
+        elif e["event"] == "resume":
+            resumes.append((e["step"], newest))
+    assert resumes and all(step == want for step, want in resumes), (resumes, diag)
     assert [e["step"] for e in events if e["event"] == "train_end"] == [iters]
     rows = slurm_cluster.sacct(job_id)
     assert sum(r["State"].startswith("REQUEUED") for r in rows) == len(slices) - 1, diag
