@@ -266,6 +266,9 @@ def build_attempts(
             attempt = r.attempt if not pd.isna(r.attempt) else _last_attempt(att, r.job)
             add(r.job, attempt, r.cause, r.kind)
     decided: dict[tuple, tuple[str, str]] = {}  # the ranks' own stop decision (recovery/stop.py)
+    # only these kinds are read below; a long run's event log is mostly `iteration` rows (3x faster for 100k)
+    ev = ev[ev["event"].isin(["stop", "signal", "hang", "exit", "train_end", "requeue", "checkpoint_saved",
+                              "resume"])] if not ev.empty else ev
     if not ev.empty:
         for r in ev.itertuples():
             if r.event == "stop" and str(getattr(r, "reason", "")) in DECIDED_CAUSES:

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -170,7 +171,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"report: --out {out}: {problem}", file=sys.stderr)
         return 2
 
+    started = time.monotonic()
+
+    def say(text: str) -> None:  # one progress line per phase: a large input takes seconds per phase
+        print(f"report: [{time.monotonic() - started:5.1f} s] {text}", file=sys.stderr, flush=True)
+
     ignored: list = []
+    say(f"reading {len(args.paths)} input(s)")
     try:
         runs = load_paths(args.paths, ignored=ignored)
     except FileNotFoundError as e:
@@ -190,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     its, intrs, layouts, summary, body = [], [], [], {"runs": {}}, []
     mfu_reasons = []
     for run in runs:
+        n_events = len(run.events) if run.events is not None else 0
+        say(f"analysing and plotting {run.name}: {len(run.iterations):,} iteration line(s), {n_events:,} event(s)")
         res = analyze_run(run, _shape(run, args), window=args.window, threshold=args.threshold)
         m = res["metrics"].assign(run=run.name)
         its.append(m)
@@ -214,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             (tl, "lm loss and throughput against wall-clock time; dashed lines are interruptions (colour = cause)"),
             (gp, "where the allocated time went (hours)")])
 
+    say(f"writing iterations.csv, interruptions.csv, summary.json, report.md and report.html to {out}")
     all_it = pd.concat(its, ignore_index=True) if its else pd.DataFrame()
     all_it = all_it.rename(columns={"job": "_job"})
     all_it["job_id"] = all_it["job_id"].fillna(all_it["_job"]) if "_job" in all_it else all_it.get("job_id")

@@ -211,6 +211,10 @@ def test_report_runs_as_a_script_on_loose_files_and_a_sweep(run_dir, tmp_path):
     assert s["runs"]["second"]["counts_by_cause"] == {"time_limit": 1, "node_failure": 1}
     # the bare log alone: restarts seen in the file, no Slurm record to name a cause
     assert s["runs"]["files"]["attempts"] == 3
+    # progress on stderr: one line as each phase begins (reading, each run, writing), with the seconds so far
+    phases = [ln.split("] ", 1)[1].split(":")[0] for ln in r.stderr.splitlines() if ln.startswith("report: [")]
+    assert phases == ["reading 2 input(s)"] + [f"analysing and plotting {n}" for n in ("demo", "second", "files")] + [
+        f"writing iterations.csv, interruptions.csv, summary.json, report.md and report.html to {out}"], r.stderr
 
 
 def test_unknown_gpu_leaves_mfu_empty_not_guessed(run_dir, tmp_path):
