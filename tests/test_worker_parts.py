@@ -391,7 +391,6 @@ def test_the_local_launcher_holds_the_run_over_its_attempts_and_a_second_launch_
 
     def popen(argv, env, stdout, **_kw):  # one rank per attempt: a crash, then done
         record = lock.Holder.from_text((run_dir / "run.lock").read_text())
-        second = io.StringIO()
         files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
         assert local.run(job, run_dir, popen=_no_popen, echo=io.StringIO(), install_signals=False) \
             == EXIT_RUN_LOCKED
