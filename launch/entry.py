@@ -47,19 +47,30 @@ def quiet_hydra_overrides(argv: list[str], sweep_id: str, scratch_dir: str = "")
     return [f"{k}={v}" for k, v in wanted.items() if k not in given]
 
 
-def hydra_entry(main: Callable[[DictConfig, str], int], sweep_id: str = "") -> int:
+def hydra_entry(main: Callable[[DictConfig, str], int], sweep_id: str = "", usage: str = "") -> int:
     """Run ``main(cfg, sweep_id)`` under ``@hydra.main`` with the quiet defaults; its exit status.
 
     Hydra reads ``sys.argv`` itself, so the quiet overrides are inserted there, before the first
     user override (argparse wants the positional overrides in one run). A multirun gets a scratch
     directory for Hydra's record of a dry run, removed when Hydra returns.
+
+    ``-h``/``--help`` prints ``usage`` (the entry point's short help) and returns 0;
+    ``--help-config`` is Hydra's own help (the config groups, their choices, the composed config).
+    An override Hydra cannot parse or apply (a typo, an unknown choice, a bad value) is one line
+    (:func:`launch.cli.override_error_line`) and exit 2, not Hydra's several lines and exit 1.
     """
     import shutil
     import tempfile
 
     import hydra
 
+    from launch.cli import EXIT_REFUSED, override_error_line, wants_help
+
     argv = sys.argv
+    if usage and wants_help(argv[1:]):
+        print(usage)
+        return 0
+    argv[1:] = ["--help" if a == "--help-config" else a for a in argv[1:]]
     register_configs()
     sweep_id = sweep_id or new_sweep_id()
     at = next((i for i, a in enumerate(argv) if i and "=" in a and not a.startswith("-")), len(argv))
@@ -67,14 +78,42 @@ def hydra_entry(main: Callable[[DictConfig, str], int], sweep_id: str = "") -> i
     scratch = tempfile.mkdtemp(prefix="slurmtron-dry-sweep-") if multirun else ""
     argv[at:at] = quiet_hydra_overrides(argv[1:], sweep_id, scratch)
     rc = [0]
+    in_task = [False]
+    user_overrides = list(argv[1:])
+    full_error = os.environ.get(FULL_ERROR)
 
     @hydra.main(config_path=str(CONFIG_DIR), config_name=CONFIG_NAME, version_base="1.3")
     def _entry(cfg: DictConfig) -> None:
-        rc[0] = int(main(cfg, sweep_id))
+        in_task[0] = True
+        _set_env(FULL_ERROR, full_error)  # the entry point (and what it spawns) sees the user's setting
+        try:
+            rc[0] = int(main(cfg, sweep_id))
+        finally:
+            os.environ[FULL_ERROR] = "1"
+        in_task[0] = False
 
+    # Hydra prints its own errors (several lines, exit 1) unless HYDRA_FULL_ERROR is set: then it
+    # raises them, and an error of the overrides becomes one refusal line here.
+    os.environ[FULL_ERROR] = "1"
     try:
         _entry()
+    except Exception as exc:
+        if in_task[0] or full_error == "1":  # the entry point's own failure, or asked for Hydra's full error
+            raise
+        print(override_error_line(exc, user_overrides), file=sys.stderr)
+        return EXIT_REFUSED
     finally:
+        _set_env(FULL_ERROR, full_error)
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
     return rc[0]
+
+
+FULL_ERROR = "HYDRA_FULL_ERROR"
+
+
+def _set_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value

@@ -21,11 +21,12 @@ if __package__ in (None, ""):  # python launch/plan.py: make the repository impo
 from omegaconf import DictConfig  # noqa: E402
 
 from launch.check import check  # noqa: E402
-from launch.compose import to_job  # noqa: E402
 from launch.config import Job  # noqa: E402
 from launch.planner import estimate, memory_warnings  # noqa: E402
 from launch.planner.estimate import Estimate  # noqa: E402
+from launch.planner.advice import fit_advice  # noqa: E402
 from launch.planner.layouts import NoLayoutFits, choose_layout  # noqa: E402
+from launch.cli import EXIT_REFUSED, job_or_refusal, usage  # noqa: E402
 
 
 _VERDICT = {"fits": "fits", "inside the error band": "MAY NOT FIT (over, but inside the planner's error band)",
@@ -84,9 +85,11 @@ def plan(job: Job) -> tuple[str, int]:
         try:
             job, table = choose_layout(job)
         except NoLayoutFits as exc:
+            advice = fit_advice(job)
             if as_json:
-                return json.dumps({"fits": False, "error": "no valid layout fits", "table": str(exc)}), 1
-            return str(exc), 1
+                return json.dumps({"fits": False, "error": "no valid layout fits", "table": str(exc),
+                                   "advice": advice}), 1
+            return f"{exc}\n{advice}", 1
     problems = check(job)
     try:
         est = estimate(job)
@@ -118,9 +121,37 @@ def plan(job: Job) -> tuple[str, int]:
     return "\n".join(text), status
 
 
-def main(cfg: Union[DictConfig, Job], out: Callable[[str], None] = print) -> int:
+USAGE = usage(
+    "Estimate a job without submitting it: memory per GPU by term, step time by cause, MFU, checkpoint size and\n"
+    "save time, the run's GPU-hours; then whatever pretrain.py would refuse. parallelism=auto ranks every valid\n"
+    "layout and names the winner (and, when none fits, the node count on which one would).",
+    "python launch/plan.py [key=value ...]   (the same overrides as launch/pretrain.py)",
+    "examples:\n"
+    "  python launch/plan.py cluster=lustre model=70b\n"
+    "  python launch/plan.py cluster=lustre model=405b parallelism=auto cluster.nodes=128 plan.top=5\n"
+    "options: plan.format=table|json, plan.top=N (rows of the parallelism=auto table, N >= 1)\n"
+    "exit codes: 0 fits and would be accepted, 1 does not fit or would be refused, 2 bad input")
+
+
+def option_problem(job: Job) -> str:
+    """One line for a bad option of plan.py itself (``plan.top``), '' when there is none."""
+    if job.plan.top < 1:
+        return (f"refused: plan.top={job.plan.top}: the ranked table needs at least one row; "
+                f"fix: plan.top=10 (or any N >= 1)")
+    return ""
+
+
+def main(cfg: Union[DictConfig, Job], out: Callable[[str], None] = print,
+         err: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> int:
     """Entry point: compose -> plan -> print. Returns the exit status (see :func:`plan`)."""
-    job = cfg if isinstance(cfg, Job) else to_job(cfg)
+    if isinstance(cfg, Job):
+        job, refusal = cfg, ""
+    else:
+        job, refusal = job_or_refusal(cfg, done="nothing was planned")
+    refusal = refusal or option_problem(job)
+    if refusal:
+        err(refusal)
+        return EXIT_REFUSED
     text, status = plan(job)
     out(text)
     return status
@@ -129,4 +160,4 @@ def main(cfg: Union[DictConfig, Job], out: Callable[[str], None] = print) -> int
 if __name__ == "__main__":
     from launch.entry import hydra_entry
 
-    sys.exit(hydra_entry(lambda cfg, _sweep_id: main(cfg)))
+    sys.exit(hydra_entry(lambda cfg, _sweep_id: main(cfg), usage=USAGE))

@@ -55,6 +55,18 @@ from launch.problems import format_problems  # noqa: E402
 from recovery.slurm import default_runner  # noqa: E402
 
 EXIT_PASS, EXIT_FAIL, EXIT_REFUSED = 0, 1, 2
+USAGE = """usage: python launch/preflight.py [key=value ...]   (the same overrides as launch/pretrain.py)
+
+A short job on the target layout that catches what does not crash: parameters with no gradient, a layout
+that computes different numbers from one process, a checkpoint that does not restore (or reshard)
+bit-for-bit, a slow fabric, a starving data loader. cluster=local runs the ranks here and waits; on Slurm
+the job is submitted (preflight.wait=true waits for the verdict). The verdict is <run_dir>/preflight.json;
+pretrain.py refuses the real submission while it holds a FAIL (unless force=true).
+
+options: preflight.steps=N (>= 1), preflight.timeout_s=S, preflight.wait=true, preflight.keep_checkpoint=true
+exit codes: 0 every check passed, 1 a check failed (or the job did not finish), 2 bad input (refused)
+
+documentation: docs/ (and README.md) in the slurmtron repository"""
 WORKER_MODULE = "train.preflight_worker"
 BREAK_ENV = "SLURMTRON_TEST_PREFLIGHT_BREAK"
 
@@ -182,14 +194,25 @@ def main(argv: Sequence[str], *, runner: Callable[..., Any] = default_runner,
          sleep: Callable[[float], None] = time.sleep) -> int:
     """Compose and check the job like pretrain.py, then run the preflight on its layout."""
     from launch.check import check
-    from launch.compose import compose_job
+    from launch.cli import compose_config, job_or_refusal, override_error_line, wants_help
 
+    if wants_help(argv):
+        print(USAGE, file=out)
+        return EXIT_PASS
     env = dict(os.environ if env is None else env)
     try:
         brk = breakage(env)
-        job = compose_job(argv)
-    except Exception as exc:  # a bad option or a Hydra composition error: the user's input
+    except ValueError as exc:
         print(f"refused: {exc}", file=err)
+        return EXIT_REFUSED
+    try:
+        cfg = compose_config(argv)
+    except Exception as exc:  # a bad option or a Hydra composition error: the user's input, one line
+        print(override_error_line(exc, argv), file=err)
+        return EXIT_REFUSED
+    job, refusal = job_or_refusal(cfg, done="no preflight was run")  # a +key pretrain.py refuses too
+    if job is None:
+        print(refusal, file=err)
         return EXIT_REFUSED
     opts = job.preflight
     problems = check(job)

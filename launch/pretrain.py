@@ -25,17 +25,29 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path[:] = [_ROOT] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
-from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException  # noqa: E402
 
 from launch import planner  # noqa: E402
 from launch.check import check, notes, submission_problems  # noqa: E402
-from launch.compose import config_error, job_to_yaml, literal_dollars, load_job, to_job, unknown_keys  # noqa: E402
+from launch.cli import interpolation_refusal, job_or_refusal, usage  # noqa: E402,F401 (one refusal path)
+from launch.compose import job_to_yaml, literal_dollars, load_job  # noqa: E402
 from launch.config import Job  # noqa: E402
 from launch.problems import Problem, format_problems  # noqa: E402
 from recovery.slurm import Runner, default_runner  # noqa: E402
 
 EXIT_REFUSED = 2
 EXIT_SUBMIT_FAILED = 1
+
+USAGE = usage(
+    "Check a training job and submit it to Slurm (or run it here with cluster=local). Every problem is listed\n"
+    "at once and the job is refused (exit 2, nothing written); dry_run=true prints the batch script instead.\n"
+    "With -m, each combination of a sweep is checked and submitted on its own (exit 2 if none is accepted).",
+    "python launch/pretrain.py [-m] [key=value ...]",
+    "examples:\n"
+    "  python launch/pretrain.py                                   # the tiny model on this machine\n"
+    "  python launch/pretrain.py cluster=lustre model=30b dry_run=true\n"
+    "  python launch/pretrain.py -m cluster=lustre model=7b parallelism.tp=2,4,8 parallelism.pp=1,2 dry_run=true\n"
+    "options: dry_run=true (print, submit nothing), force=true (submit despite a failed preflight)\n"
+    "exit codes: 0 submitted/trained, 1 the submission failed, 2 refused (bad input, nothing written)")
 
 
 @dataclass
@@ -87,6 +99,35 @@ def _outcome(job: Job, member: Optional[SweepMember], status: str, detail: str =
                                 "detail": detail, "job_id": job_id})
 
 
+def _refused_member(cfg: DictConfig, member: SweepMember, refusal: str) -> None:
+    """The sweep table's row for a member refused before it became a typed Job (a ``+key`` typo)."""
+    if member.outcomes is None:
+        return
+    try:
+        name = str(cfg.run.name)
+    except Exception:  # an unresolvable name: the member's number still identifies it
+        name = f"member {member.job_num}"
+    lines = refusal.splitlines()
+    member.outcomes.append({"member": name, "layout": member.label or "?", "status": "refused",
+                            "detail": (lines[1] if len(lines) > 1 else lines[0]).lstrip("- "), "job_id": ""})
+
+
+def fit_status(job: Job, status: str) -> str:
+    """``status``, marked ``may not fit`` when the estimated memory per GPU is over the GPU's memory
+    (inside the planner's error band: the check lets it through, the table must not call it ok)."""
+    est = _estimate(job)
+    if isinstance(est, dict) and est.get("memory_verdict") not in (None, "fits"):
+        return f"may not fit ({status})" if status.startswith("ok") else f"{status}, may not fit"
+    return status
+
+
+def sweep_exit(rows: list[dict], rc: int) -> int:
+    """A multirun's exit status: 2 when no member was accepted (every one refused or failed to submit)."""
+    if rows and rc == 0 and all(r["status"] in ("refused", "failed") for r in rows):
+        return EXIT_REFUSED
+    return rc
+
+
 def _estimate_note(job: Job) -> str:
     est = _estimate(job)
     if not isinstance(est, dict) or "error" in est:
@@ -127,14 +168,6 @@ def shape_problems(job: Job, run_dir: Path) -> list[Problem]:
         "run.name", "this run already exists with a different model shape; its checkpoints cannot be resumed",
         ", ".join(f"model.{k}: {asdict(old.model).get(k)!r} -> {asdict(job.model)[k]!r}" for k in changed),
         "pick a new run.name for a new model, or drop the model overrides to continue the run")]
-
-
-def interpolation_refusal(exc: InterpolationResolutionError) -> str:
-    """One line for a ``${...}`` that OmegaConf could not resolve (typically shell text in cluster.setup/env)."""
-    key = getattr(exc, "full_key", "") or "?"
-    why = str(getattr(exc, "msg", "") or exc).splitlines()[0]
-    return (f"refused: {key}: {why}; OmegaConf reads ${{...}} as a reference to another config key. For a shell "
-            f"variable write $HOME (no braces) or escape it as \\${{HOME}} (the batch script then gets ${{HOME}})")
 
 
 def writer_problems(job: Job, run_dir: Path, runner: Callable[..., Any]) -> tuple[list[Problem], list[str]]:
@@ -221,23 +254,20 @@ def main(cfg: DictConfig, *, runner: Runner = default_runner, out: TextIO = sys.
     traceback: 2 refused (nothing written), 1 the submission failed (nothing left behind).
     """
     refused = 0 if sweep else EXIT_REFUSED
-    unknown = unknown_keys(cfg)
-    if unknown:
-        print(format_problems(unknown), file=err)
+    job, refusal = job_or_refusal(cfg)
+    if job is None:
+        print(refusal, file=err)
+        if sweep is not None:
+            _refused_member(cfg, sweep, refusal)
         return refused
-    try:
-        job = composed = to_job(cfg)
-    except InterpolationResolutionError as exc:  # typically shell text ${HOME} in cluster.setup/env
-        print(interpolation_refusal(exc), file=err)
-        return refused
-    except OmegaConfBaseException as exc:  # a missing value (???) or a bad interpolation
-        print(f"refused: {config_error(exc)}; nothing was submitted", file=err)
-        return refused
+    composed = job
     if job.parallelism.name == "auto":
         try:
             job, table = planner.choose_layout(job)
         except ValueError as exc:  # NoLayoutFits: its message carries the ranked table
-            print(f"refused: no layout fits; nothing was submitted\n{exc}", file=err)
+            from launch.planner.advice import fit_advice
+
+            print(f"refused: no layout fits; nothing was submitted\n{exc}\n{fit_advice(job)}", file=err)
             return 0 if sweep else EXIT_REFUSED
         print(table, file=err)
     if sweep is not None:
@@ -271,7 +301,7 @@ def main(cfg: DictConfig, *, runner: Runner = default_runner, out: TextIO = sys.
     text = literal_dollars(cfg, OmegaConf.to_yaml(cfg, resolve=True)) if job is composed else job_to_yaml(job)
     if job.dry_run:
         _print_notes(job, err)
-        _outcome(job, sweep, "ok (dry run)", _estimate_note(job))
+        _outcome(job, sweep, fit_status(job, "ok (dry run)"), _estimate_note(job))
         return _dry_run(job, run_dir, text, out, None if sweep else err)
     from launch.submit import RunDirSnapshot, SubmitError, submit
     from recovery.identity import ensure_run_id
@@ -328,7 +358,7 @@ def main(cfg: DictConfig, *, runner: Runner = default_runner, out: TextIO = sys.
 
         print(summary(job, run_dir, job_ids=[s.job_id for s in subs if s.job_id]), file=out)
     if sweep is not None:
-        _outcome(job, sweep, "submitted", _estimate_note(job), subs[0].job_id or "")
+        _outcome(job, sweep, fit_status(job, "submitted"), _estimate_note(job), subs[0].job_id or "")
         record_member(job, sweep, status="submitted", run_dir=run_dir, job_id=subs[0].job_id)
     return 0
 
@@ -401,11 +431,15 @@ if __name__ == "__main__":
         _roots.append((str(cfg.cluster.run_root), bool(cfg.dry_run)))
         return main(cfg, sweep=sweep_member(sweep_id, sys.argv[1:], _outcomes))
 
-    _rc = hydra_entry(_run, _sweep_id)
+    _rc = hydra_entry(_run, _sweep_id, usage=USAGE)
     if _outcomes:
         sys.stdout.flush()
         print(f"\nsweep {_sweep_id}: {len(_outcomes)} member(s)\n{sweep_table(_outcomes)}", file=sys.stderr)
         if _roots and not _roots[-1][1]:
             print(f"registry: {Path(_roots[-1][0]).absolute() / 'sweeps' / (_sweep_id + '.jsonl')}\n"
                   f"status:   python launch/status.py cluster.run_root={_roots[-1][0]} {_sweep_id}", file=sys.stderr)
+        if sweep_exit(_outcomes, _rc) != _rc:
+            _rc = sweep_exit(_outcomes, _rc)
+            print(f"sweep {_sweep_id}: no member was accepted ({len(_outcomes)} refused or failed); exit {_rc}",
+                  file=sys.stderr)
     sys.exit(_rc)
