@@ -156,7 +156,16 @@ def _summary(run: RunInputs, res: dict) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (0, or 2 for a missing input path)."""
-    ap = argparse.ArgumentParser(prog="analysis/report.py", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python analysis/report.py", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="The interruption, goodput and MFU report of one or more runs: iterations.csv, "
+                    "interruptions.csv,\nsummary.json, report.md, a self-contained report.html and the plots, "
+                    "written to --out.",
+        epilog="examples:\n"
+               "  python analysis/report.py runs/tiny --out report/\n"
+               "  python analysis/report.py runs/ --out report/ --gpu h100_sxm   # every run of a sweep root\n"
+               "exit codes: 0 written, 2 bad input (a missing path, an unusable --out)\n\n"
+               "documentation: docs/ (and README.md) in the slurmtron repository")
     ap.add_argument("paths", nargs="+", help="run directories, sweep roots, log files, sacct dumps")
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--gpu", default=None, help="device for MFU when config.yaml lacks it (e.g. h100_sxm)")

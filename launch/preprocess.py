@@ -122,12 +122,20 @@ def preprocess(input_path: Path, output_prefix: str, tokenizer_name: str = "byte
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--input", required=True, type=Path)
-    p.add_argument("--output-prefix", required=True)
+    p = argparse.ArgumentParser(
+        prog="python -m launch.preprocess", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__.splitlines()[0] + "\n.jsonl: one document per line (its --json-key field); any other "
+                    "file: one document per non-empty line.",
+        epilog="example:\n"
+               "  python -m launch.preprocess --input corpus.jsonl --output-prefix data/corpus\n"
+               "  then train on it: python launch/pretrain.py data=indexed data.path=data/corpus\n"
+               "exit codes: 0 written, 2 bad input (nothing written)\n\n"
+               "documentation: docs/ (and README.md) in the slurmtron repository")
+    p.add_argument("--input", required=True, type=Path, help="the corpus: .jsonl or plain text")
+    p.add_argument("--output-prefix", required=True, help="writes PREFIX.bin and PREFIX.idx")
     p.add_argument("--tokenizer", default="byte", help="byte | hf:<tokenizer.json> | sentencepiece:<model> | "
                                                        "tiktoken:<file> (the job's data.tokenizer)")
-    p.add_argument("--json-key", default="text")
+    p.add_argument("--json-key", default="text", help="the text field of a .jsonl line (default: text)")
     p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1),
                    help="tokenizing processes (default: min(8, CPUs))")
     a = p.parse_args(argv)

@@ -372,7 +372,31 @@ def clear_stop_request(job: Job, run_dir: Path, err: TextIO) -> None:
     except OSError:
         return
     path.unlink(missing_ok=True)
-    print(f"note: continuing a stopped run; cleared {path.name}: {old[:300]}", file=err)
+    print(f"note: continuing a stopped run; cleared {path.name} ({stop_request_line(old)})", file=err)
+
+
+def stop_request_line(text: str) -> str:
+    """``stop.json`` (:mod:`recovery.stop`) in a few words: its state, who asked, when, at which step."""
+    import json
+
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        flat = " ".join(text.split())
+        return f"unreadable: {flat[:120]!r}"
+    parts = [str(doc.get("state") or "?")]
+    for key, word in (("by", "by"), ("reason", "reason"), ("at_step", "at step"), ("step", "stopped at step")):
+        if doc.get(key) not in (None, ""):
+            parts.append(f"{word} {' '.join(str(doc[key]).split())[:80]}")
+    when = doc.get("stopped_at") or doc.get("requested_at")
+    if isinstance(when, (int, float)) and not isinstance(when, bool):
+        try:
+            parts.append(time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(when)))
+        except (OverflowError, OSError, ValueError):
+            pass
+    return ", ".join(parts)
 
 
 def _dry_run(job: Job, run_dir: Path, config_yaml: str, out: TextIO, err: Optional[TextIO] = None) -> int:

@@ -31,6 +31,22 @@ EXIT_NO_RUN = 2
 USAGE = ("usage: python launch/status.py [k=v overrides as for pretrain.py | RUN_DIR | SWEEP_ID] "
          "[--json] [--watch [SECONDS]] [--lines N]")
 
+HELP = USAGE + """
+
+Where is my run: its state in Slurm (or on this machine for cluster=local), job id and attempts, step /
+target and the ETA, the newest verified checkpoint, interruptions by cause, goodput, MFU against the
+planner's estimate, and the last log lines. Name the run like pretrain.py does (run.name=NAME, or the
+same overrides), give its directory, or a sweep id (<run_root>/sweeps/<id>.jsonl) for every member.
+
+examples:
+  python launch/status.py run.name=tiny
+  python launch/status.py runs/tiny --watch 10
+  python launch/status.py cluster.run_root=runs 20261202-003216-7291     # a sweep
+options: --json (machine-readable), --watch [SECONDS] (refresh until the run ends), --lines N (log lines)
+exit codes: 0 shown, 2 no such run or sweep
+
+documentation: docs/ (and README.md) in the slurmtron repository"""
+
 
 def _dur(seconds: Optional[float]) -> str:
     if seconds is None:
@@ -186,8 +202,6 @@ def _parse_flags(argv: list[str]) -> tuple[list[str], dict]:
         elif a == "--lines" and i + 1 < len(argv):
             opts["lines"] = int(argv[i + 1])
             i += 1
-        elif a in ("-h", "--help"):
-            raise SystemExit(USAGE)
         elif a.startswith("--"):
             raise ValueError(f"unknown option {a}; {USAGE}")
         else:
@@ -200,6 +214,9 @@ def main(argv: Optional[list[str]] = None, *, runner: Callable[..., Any] = defau
          err: TextIO = sys.stderr, clock: Callable[[], float] = time.time,
          sleep: Callable[[float], None] = time.sleep, max_refreshes: Optional[int] = None) -> int:
     """Print the status once, or every ``--watch`` seconds until the run ends (or Ctrl-C)."""
+    if any(a in ("-h", "--help") for a in (sys.argv[1:] if argv is None else argv)):
+        print(HELP, file=out)
+        return 0
     try:
         args, opts = _parse_flags(list(sys.argv[1:] if argv is None else argv))
         kind, path = resolve(args)

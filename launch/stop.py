@@ -9,7 +9,12 @@ stops once N steps are done instead of at the next boundary. A requeued attempt 
 started yet honours the request when it starts. Submitting the same ``run.name`` again with
 ``launch/pretrain.py`` clears the request and continues the run from that checkpoint.
 
-Exit codes: 0 request written, 2 bad input (no such run, a bad ``at_step``). No torch.
+A run that is complete (its last attempt ended ``completed`` and nothing was submitted since)
+has nothing to stop: one line says so, exit 3, and no ``stop.json`` is written (it would
+only make the next launch clear it).
+
+Exit codes: 0 request written, 2 bad input (no such run, a bad ``at_step``), 3 the run is
+already complete (nothing written). No torch.
 """
 from __future__ import annotations
 
@@ -22,6 +27,18 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path[:] = [_ROOT] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 EXIT_BAD_INPUT = 2
+EXIT_COMPLETE = 3
+USAGE = """usage: python launch/stop.py run.name=NAME [other overrides as for pretrain.py] [at_step=N]
+       python launch/stop.py RUN_DIR [at_step=N]
+
+Drain a run: the running attempt saves a checkpoint at the next step boundary (or once step N is done)
+and ends without a requeue; a requeued attempt that has not started yet honours the request when it
+starts. Submitting the same run again with launch/pretrain.py clears the request and continues it.
+
+exit codes: 0 request written (<run_dir>/stop.json), 2 bad input (no such run, a bad at_step),
+            3 the run is already complete (nothing written)
+
+documentation: docs/ (and README.md) in the slurmtron repository"""
 
 
 def parse_args(argv: Sequence[str]) -> tuple[Optional[Path], list[str], Optional[int]]:
@@ -36,6 +53,9 @@ def parse_args(argv: Sequence[str]) -> tuple[Optional[Path], list[str], Optional
             at_step = int(raw)
         elif "=" in a:
             overrides.append(a)
+        elif a.startswith("-"):
+            raise ValueError(f"unknown option {a}; usage: python launch/stop.py run.name=NAME [at_step=N] "
+                             f"(or a run directory; --help for more)")
         elif run_dir is None:
             run_dir = Path(a)
         else:
@@ -44,6 +64,17 @@ def parse_args(argv: Sequence[str]) -> tuple[Optional[Path], list[str], Optional
     if run_dir is None and not overrides:
         raise ValueError("which run? usage: python launch/stop.py run.name=NAME [at_step=N] (or a run directory)")
     return run_dir, overrides, at_step
+
+
+def completed_at(last: Optional[dict], submissions: list[dict]) -> Optional[object]:
+    """The step at which the run completed, or None when it may still run: its last ``job_start``/``exit``
+    event is an exit ``completed`` and no submission (``submissions.jsonl``) came after it."""
+    if last is None or last.get("event") != "exit" or last.get("reason") != "completed":
+        return None
+    ended = last.get("time")
+    later = [r for r in submissions if not isinstance(ended, (int, float))
+             or not isinstance(r.get("time"), (int, float)) or r["time"] > ended]
+    return None if later else last.get("step", "?")
 
 
 def resolve_run_dir(run_dir: Optional[Path], overrides: list[str]) -> Path:
@@ -60,8 +91,12 @@ def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None, err
     from recovery.events import read_events
 
     out, err = out or sys.stdout, err or sys.stderr
+    args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in args):
+        print(USAGE, file=out)
+        return 0
     try:
-        run_dir, overrides, at_step = parse_args(list(sys.argv[1:] if argv is None else argv))
+        run_dir, overrides, at_step = parse_args(args)
         run_dir = resolve_run_dir(run_dir, overrides)
     except Exception as e:  # a bad override fails in Hydra's composition: one line, no traceback
         print(f"refused: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}", file=err)
@@ -73,6 +108,11 @@ def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None, err
         return EXIT_BAD_INPUT
     events = [e for e in read_events(paths.events) if e.get("event") in ("job_start", "exit")]
     last = events[-1] if events else None
+    done = completed_at(last, read_events(paths.submissions))
+    if done is not None:
+        print(f"nothing to stop: run {run_dir} is complete (its last attempt ended 'completed' at step {done}); "
+              f"no {paths.stop_request.name} written", file=out)
+        return EXIT_COMPLETE
     doc = stopping.request_stop(paths.stop_request, at_step=at_step)
     when = f"once step {at_step} is done" if at_step else "at the next step boundary"
     print(f"stop requested for {run_dir} ({paths.stop_request.name}, by {doc['by']}): the running attempt saves a "

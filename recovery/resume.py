@@ -311,6 +311,17 @@ def explain(root: Path, *, storage: Optional[LocalStorage] = None) -> tuple[int,
     return code, "\n".join(lines)
 
 
+USAGE = """usage: python -m recovery.resume CHECKPOINT_ROOT   (e.g. runs/NAME/checkpoints)
+
+Read-only: print which checkpoint a restart would load and why, verifying each candidate's manifest
+(every file's size and digest) newest first, with the reason for every one it skips. Moves nothing.
+
+exit codes: 0 it would resume, 1 nothing to resume (it would start at step 0), 2 bad argument,
+            3 it would refuse (the reason is printed)
+
+documentation: docs/ (and README.md) in the slurmtron repository"""
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """``python -m recovery.resume CHECKPOINT_ROOT``: print what a restart would load, and why.
 
@@ -318,8 +329,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     refuse (the reason is printed); 2: bad argument.
     """
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: python -m recovery.resume CHECKPOINT_ROOT", file=sys.stderr)
+    if any(a in ("-h", "--help") for a in args):
+        print(USAGE)
+        return 0
+    if len(args) != 1 or args[0].startswith("-"):
+        print("usage: python -m recovery.resume CHECKPOINT_ROOT (--help for more)", file=sys.stderr)
         return 2
     code, text = explain(Path(args[0]))
     print(text, file=sys.stderr if code == 2 else sys.stdout)
