@@ -117,7 +117,7 @@ def fit_status(job: Job, status: str) -> str:
     (inside the planner's error band: the check lets it through, the table must not call it ok)."""
     est = _estimate(job)
     if isinstance(est, dict) and est.get("memory_verdict") not in (None, "fits"):
-        return f"may not fit ({status})" if status.startswith("ok") else f"{status}, may not fit"
+        return status.replace("ok", "may not fit", 1) if status.startswith("ok") else f"{status}, may not fit"
     return status
 
 
@@ -368,7 +368,7 @@ def clear_stop_request(job: Job, run_dir: Path, err: TextIO) -> None:
     of a cancel/drain (``stop.json``, launch/stop.py) would make the new attempt refuse to start."""
     path = job.paths_at(run_dir).stop_request
     try:
-        old = path.read_text(encoding="utf-8").strip()
+        old = path.read_bytes().decode("utf-8", errors="replace").strip()
     except OSError:
         return
     path.unlink(missing_ok=True)

@@ -103,3 +103,72 @@ def test_mock_data_on_a_multi_node_gpu_job_needs_force(tmp_path):
 def test_a_missing_dataset_fails_the_dry_run(tmp_path):
     proc = cli(tmp_path, "data=indexed", f"data.path={tmp_path / 'nope' / 'corpus'}", "dry_run=true")
     assert proc.returncode == 2 and "data.path" in proc.stderr and proc.stdout == ""
+
+
+@pytest.mark.parametrize("override, line", [
+    ("trainig.lr=1", "refused: unknown key trainig in trainig.lr=1; did you mean training.lr=1?"),
+    ("parallelism.tpp=2", "refused: unknown key parallelism.tpp in parallelism.tpp=2; did you mean parallelism.tp=2?"),
+    ("modle=7b", "refused: unknown key modle in modle=7b; did you mean model=7b?"),
+    ("model=7bb", "refused: unknown choice model=7bb; did you mean model=7b? (choices: 1.3b, "),
+    ("parallelism.tp=abc", "refused: parallelism.tp=abc: Value 'abc' of type 'str' could not be converted to Integer"),
+    ("run.name=héllo wörld", "refused: cannot parse the override 'run.name=héllo wörld' (LexerNoViableAltException"),
+    ("run.name=a=b=", "refused: cannot parse the override 'run.name=a=b='"),
+    ("parallelism.tp=[1", "refused: cannot parse the override 'parallelism.tp=[1'"),
+])
+def test_a_hydra_override_error_is_one_line_with_exit_2(tmp_path, override, line):
+    proc = cli(tmp_path, override, "dry_run=true", env={"HYDRA_FULL_ERROR": ""})
+    assert proc.returncode == 2 and proc.stdout == ""
+    (got,) = proc.stderr.splitlines()
+    assert got.startswith(line), got
+    assert "use +" not in got and "Set the environment" not in got
+    assert list(tmp_path.iterdir()) == [tmp_path / "bin"]  # nothing written (the fake sbatch's PATH dir only)
+
+
+def test_plan_gives_the_same_one_line_for_a_typo(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "launch" / "plan.py"), "parallelism.tpp=2"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == "refused: unknown key parallelism.tpp in parallelism.tpp=2; did you mean parallelism.tp=2?\n"
+
+
+def _sweep_rows(stderr: str) -> dict[str, str]:
+    table = stderr.split(" member(s)\n", 1)[1].splitlines()
+    return {row.split()[0]: row for row in table[1:] if row.strip() and not row.startswith(("registry", "status",
+                                                                                           "sweep "))}
+
+
+def test_a_sweep_that_refuses_every_member_exits_2(tmp_path):
+    # the tiny model (4 heads, gbs 8) has no valid tp x pp layout on 128 GPUs
+    proc = cli(tmp_path, "-m", "cluster=lustre", "parallelism.tp=2,4,8", "parallelism.pp=1,2", "dry_run=true")
+    assert proc.returncode == 2
+    rows = _sweep_rows(proc.stderr)
+    assert len(rows) == 6 and all(" refused " in r for r in rows.values()), rows
+    assert proc.stderr.rstrip().splitlines()[-1].endswith("no member was accepted (6 refused or failed); exit 2")
+
+
+def test_the_readme_sweep_with_a_model_that_fits_every_layout_exits_0(tmp_path):
+    proc = cli(tmp_path, "-m", "cluster=lustre", "model=7b", "parallelism.tp=2,4,8", "parallelism.pp=1,2",
+               "dry_run=true")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = _sweep_rows(proc.stderr)
+    assert len(rows) == 6 and all(" ok (dry run) " in r for r in rows.values()), rows
+
+
+def test_the_sweep_table_marks_a_layout_over_the_gpus_memory(tmp_path):
+    proc = cli(tmp_path, "-m", "cluster=lustre", "model=30b", "parallelism.tp=2", "parallelism.pp=1,2",
+               "dry_run=true")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = _sweep_rows(proc.stderr)
+    over, under = rows["30b_pp1"], rows["30b_pp2"]  # named by the swept key only
+    gib = float(over.split(" GiB/GPU")[0].split()[-1])
+    assert gib > 80 and " may not fit (dry run) " in over, over
+    assert float(under.split(" GiB/GPU")[0].split()[-1]) < 80 and " ok (dry run) " in under, under
+
+
+def test_a_sweep_whose_every_submission_fails_exits_2_and_leaves_nothing(tmp_path):
+    proc = cli(tmp_path, "-m", "cluster=lustre", "model=7b", "parallelism.tp=2,4", "force=true",
+               f"cluster.run_root={tmp_path / 'runs'}", env={"FAKE_SBATCH_FAIL": "1"})
+    assert proc.returncode == 2
+    rows = _sweep_rows(proc.stderr)
+    assert len(rows) == 2 and all(" failed " in r for r in rows.values()), rows
+    assert [p for p in _runs(tmp_path) if not p.startswith("sweeps")] == []
