@@ -47,7 +47,8 @@ USAGE = usage(
     "  python launch/pretrain.py cluster=lustre model=30b dry_run=true\n"
     "  python launch/pretrain.py -m cluster=lustre model=7b parallelism.tp=2,4,8 parallelism.pp=1,2 dry_run=true\n"
     "options: dry_run=true (print, submit nothing), force=true (submit despite a failed preflight)\n"
-    "exit codes: 0 submitted/trained, 1 the submission failed, 2 refused (bad input, nothing written)")
+    "exit codes: 0 submitted, 1 the submission failed, 2 refused (bad input, nothing written);\n"
+    "            cluster=local ends with the run's own code (0 complete; the others are in docs/)")
 
 
 @dataclass

@@ -170,8 +170,10 @@ def resolve(args: list[str]) -> tuple[str, Path]:
 
     try:
         job = compose_job(overrides)
-    except Exception as exc:  # Hydra/OmegaConf: a bad override
-        raise ValueError(f"cannot compose {' '.join(overrides)}: {str(exc).splitlines()[0]}") from None
+    except Exception as exc:  # Hydra/OmegaConf: a bad override (one line, a "did you mean" for a typo)
+        from launch.cli import override_error_line
+
+        raise ValueError(override_error_line(exc, overrides).removeprefix("refused: ")) from None
     if names:
         registry = Path(job.cluster.run_root) / "sweeps" / f"{names[0]}.jsonl"
         if registry.is_file():

@@ -99,7 +99,9 @@ def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None, err
         run_dir, overrides, at_step = parse_args(args)
         run_dir = resolve_run_dir(run_dir, overrides)
     except Exception as e:  # a bad override fails in Hydra's composition: one line, no traceback
-        print(f"refused: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}", file=err)
+        from launch.cli import override_error_line
+
+        print(override_error_line(e, args), file=err)
         return EXIT_BAD_INPUT
     paths = RunPaths.of(run_dir)
     if not paths.config.exists():
