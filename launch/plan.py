@@ -24,7 +24,7 @@ from launch.check import check  # noqa: E402
 from launch.config import Job  # noqa: E402
 from launch.planner import estimate, memory_warnings  # noqa: E402
 from launch.planner.estimate import Estimate  # noqa: E402
-from launch.planner.advice import fit_advice  # noqa: E402
+from launch.planner.advice import fit_advice, layout_advice  # noqa: E402
 from launch.planner.layouts import NoLayoutFits, choose_layout  # noqa: E402
 from launch.cli import EXIT_REFUSED, job_or_refusal, usage  # noqa: E402
 
@@ -113,6 +113,8 @@ def plan(job: Job) -> tuple[str, int]:
     if problems:  # lead with the refusal; the numbers only explain it, they are not a plan
         text.append(f"refused: pretrain.py would refuse this job ({len(problems)} problem(s)); this is not a plan")
         text.extend(f"problem: {p}" for p in problems)
+        if any(p.field == "parallelism" and "memory" in p.message for p in problems):
+            text.append(layout_advice(job))  # which of the rule's fixes helps, from the planner's own arithmetic
         text.extend(["", "what the refused layout would give (for reference only, not a plan):"])
         text.extend(f"  {line}" for line in format_estimate(job, est).splitlines())
     else:

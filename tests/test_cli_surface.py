@@ -194,3 +194,15 @@ def test_a_cleared_stop_request_is_one_line(tmp_path):
     err = io.StringIO()
     pretrain.clear_stop_request(job, run, err)
     assert len(err.getvalue().splitlines()) <= 1
+
+
+def test_a_fixed_layout_over_memory_gets_advice_the_planner_checked():
+    # 128 GPUs: parallelism=auto finds a layout, and the line names it with its memory
+    text, status = plan.plan(compose_job(["cluster=lustre", "model=70b", "parallelism.tp=1", "parallelism.pp=1"]))
+    assert status == 1
+    (fix,) = [ln for ln in text.splitlines() if ln.startswith("fix: ")]
+    assert fix.startswith("fix: parallelism=auto fits on these 16 node(s): ") and "GiB per GPU" in fix
+    # one node: no layout fits, so the line names the node count instead of parallelism=auto
+    text, status = plan.plan(compose_job(["cluster=lustre", "model=70b", "cluster.nodes=1", "parallelism.pp=1"]))
+    (fix,) = [ln for ln in text.splitlines() if ln.startswith("fix: ")]
+    assert status == 1 and fix.startswith("fix: no layout fits on these nodes; cluster.nodes=")

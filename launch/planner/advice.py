@@ -44,3 +44,19 @@ def fit_advice(job: Job, factors: tuple[int, ...] = FACTORS) -> str:
         if best_mem is not None else ""
     return (f"fix: more nodes do not help{low}: one micro-batch does not fit in {limit:g} GiB; lower "
             f"training.micro_batch_size or model.seq_length, or use a GPU with more memory")
+
+
+def layout_advice(job: Job) -> str:
+    """One line for a fixed layout over the GPU's memory: the layout ``parallelism=auto`` would pick on
+    these nodes (so that advice is known to help), or, when none fits, :func:`fit_advice`."""
+    from launch.planner.layouts import rank_layouts
+
+    try:
+        rows, _ = rank_layouts(job)
+    except (ArithmeticError, ValueError, KeyError):
+        return fit_advice(job)
+    fit = [r for r in rows if r.fits and r.memory is not None]
+    if fit:
+        return (f"fix: parallelism=auto fits on these {job.cluster.nodes} node(s): {fit[0].name} at "
+                f"{fit[0].memory.total:.1f} of {job.cluster.gpu_memory_gb:g} GiB per GPU (planner estimate)")
+    return fit_advice(job).replace("fix: ", "fix: no layout fits on these nodes; ", 1)
