@@ -21,7 +21,15 @@ from srun's exit code (``--kill-on-bad-exit`` turns most endings into 143):
   leave it, even if the attempt was killed before writing its ``exit`` event.
 
 A deterministic crash is bounded by the next attempt's own start decision: the
-zero-progress guard (``training.zero_progress_restarts``) and ``training.max_restarts``.
+zero-progress guard (``training.zero_progress_restarts``) and ``training.max_restarts``. The
+restart limit is also applied here, from Slurm's restart count and the run's ``config.yaml``,
+so a job whose attempts die before writing any event (a worker that cannot even start) still
+stops requeueing.
+
+A run directory that does not exist or cannot be read (a missing mount on the nodes) is
+refused: exit :data:`recovery.policy.EXIT_STORAGE` (final), one line, no requeue, and nothing
+is created (neither the directory nor its ``events.jsonl``): another attempt would meet the
+same missing directory.
 """
 from __future__ import annotations
 
@@ -34,6 +42,8 @@ from launch.paths import RunPaths
 from recovery import policy
 from recovery.events import EventLog, read_events
 from recovery.slurm import Runner, Slurm, default_runner
+
+DEFAULT_MAX_RESTARTS = 20  # the schema's default (launch/config.py), when config.yaml cannot be read
 
 
 def attempt_events(events: list[dict], job_id: str, restart_count: int) -> list[dict]:
@@ -61,17 +71,59 @@ def crashed(events: list[dict]) -> tuple[bool, str]:
     return False, f"the attempt ended with exit reason {last.get('reason')!r}" + (f" (stop: {stops[-1]})" if stops else "")
 
 
+def run_dir_problem(run_dir: Path) -> Optional[str]:
+    """Why ``run_dir`` cannot be judged (missing, not a directory, unreadable), or None."""
+    run_dir = Path(run_dir)
+    try:
+        if not run_dir.is_dir():
+            what = "is not a directory" if run_dir.exists() else "does not exist"
+            return f"run directory {run_dir} {what}"
+        os.listdir(run_dir)
+        events = RunPaths.of(run_dir).events
+        if events.exists():
+            with open(events, "rb"):
+                pass
+    except OSError as e:
+        return f"run directory {run_dir} cannot be read ({e.strerror or e})"
+    return None
+
+
+def max_restarts_of(run_dir: Path) -> Optional[int]:
+    """``training.max_restarts`` from the run's ``config.yaml`` (None when it cannot be read)."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(RunPaths.of(run_dir).config.read_text(encoding="utf-8"))
+        value = doc["training"]["max_restarts"]
+    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def requeue_after_crash(run_dir: Path, env: Mapping[str, str],
                         runner: Runner = default_runner) -> tuple[int, str]:
     """Decide for the attempt ``env`` describes; returns (exit code for the batch script, why)."""
     job_id = env.get("SLURM_JOB_ID")
     if not job_id:
         return 0, "not under Slurm"
-    restart = policy.restart_count_from_env(env)
+    problem = run_dir_problem(run_dir)
+    if problem:  # never create it: a missing mount would otherwise requeue without end
+        return policy.EXIT_STORAGE, (f"{problem}: not requeued (another attempt would meet the same; is its "
+                                     f"filesystem mounted on this node?)")
+    try:
+        restart = policy.restart_count_from_env(env)
+    except ValueError as e:
+        return 0, f"{e}: not requeued"
     events = RunPaths.of(run_dir).events
     again, why = crashed(attempt_events(read_events(events), job_id, restart))
     if not again:
         return 0, why
+    limit = max_restarts_of(run_dir)
+    if limit is None:
+        limit = DEFAULT_MAX_RESTARTS
+    if restart >= limit:
+        return 0, (f"{why}; restart count {restart} reached training.max_restarts {limit}: not requeued "
+                   f"(another attempt would be refused)")
     r = Slurm(runner).requeue(job_id)
     log = EventLog(events, job_id=job_id, restart_count=restart)
     ok = r.ok

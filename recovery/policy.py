@@ -23,10 +23,16 @@ code  name                  meaning
                             or fp8 without TransformerEngine (train/versions.py)
 11    EXIT_NAN              a non-finite loss or grad norm with training.on_nan=stop (or rollbacks
                             exhausted); nothing non-finite was applied or saved; not requeued
+12    EXIT_UNSAFE_CKPT      refused to start: the checkpoint to resume from holds a pickle that
+                            needs more than checkpoint data types (code could run on load); it was
+                            moved to quarantine/ (recovery/pickle_guard.py)
+13    EXIT_SHARED_CKPT      refused to start: the checkpoint to resume from is writable by other
+                            users (group/world-writable, or owned by another uid);
+                            SLURMTRON_TRUST_SHARED_CHECKPOINTS=1 accepts it
 42    EXIT_REQUEUE          stop signal -> checkpoint committed -> asked Slurm to requeue
 ====  ====================  ==============================================================
 
-Codes 3-9 are final: neither the local launcher nor ``recovery.crash`` starts another
+Codes 3-13 are final: neither the local launcher nor ``recovery.crash`` starts another
 attempt after them, because another attempt would meet the same refusal (a full disk does
 not empty itself; an unreadable file does not fix its permissions). The run stops with the
 reason in ``events.jsonl`` (a ``stop`` event) and on the terminal.
@@ -97,6 +103,8 @@ EXIT_DISK_FULL = 8
 EXIT_RUN_LOCKED = 9
 EXIT_UNSUPPORTED = 10
 EXIT_NAN = 11
+EXIT_UNSAFE_CKPT = 12
+EXIT_SHARED_CKPT = 13
 EXIT_REQUEUE = 42
 
 # stop reason -> exit code, for every final stop (no requeue, no relaunch)
@@ -110,6 +118,8 @@ FINAL_REASONS = {
     "run_locked": EXIT_RUN_LOCKED,
     "unsupported_software": EXIT_UNSUPPORTED,
     "nan": EXIT_NAN,
+    "unsafe_checkpoint": EXIT_UNSAFE_CKPT,
+    "shared_checkpoint": EXIT_SHARED_CKPT,
 }
 FINAL_CODES = (EXIT_COMPLETED,) + tuple(sorted(set(FINAL_REASONS.values())))
 

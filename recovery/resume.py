@@ -15,6 +15,7 @@ No torch here: ``python -m recovery.resume RUN_DIR/checkpoints`` verifies on a l
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from typing import Callable, Optional, Sequence
 from recovery.commit import (
     ASIDE_SUFFIX,
     DELETE_SUFFIX,
+    LATEST,
     STAGING_SUFFIX,
     _storage_error,
     manifest_of,
@@ -31,8 +33,10 @@ from recovery.commit import (
     read_latest,
     verify,
 )
+from recovery.pickle_guard import unsafe_pickles
 from recovery.quarantine import QUARANTINE_DIR, list_quarantine, quarantine
 from recovery.storage import LocalStorage, StorageError
+from recovery.trust import TRUST_ENV, writable_by_others
 
 __all__ = ["Resume", "ResumePlan", "find_latest_verified", "plan_resume", "explain", "main", "verify"]
 
@@ -59,18 +63,25 @@ def _list_root(root: Path, st: LocalStorage) -> list[str]:
         raise
 
 
-def candidates_of(root: Path, *, storage: Optional[LocalStorage] = None) -> list[tuple[int, str, str]]:
+def candidates_of(root: Path, *, storage: Optional[LocalStorage] = None,
+                  not_dirs: Optional[list] = None) -> list[tuple[int, str, str]]:
     """Every checkpoint-like directory under ``root``: [(step, suffix, name)], newest first.
 
     At equal step: the final name, then ``.old``, then ``.tmp``. ``.del`` (a deletion the
-    prune had begun) and ``quarantine/`` are not candidates.
+    prune had begun) and ``quarantine/`` are not candidates. A committed checkpoint's name that
+    is not a directory (replaced by a regular file) is not one either; its name is appended to
+    ``not_dirs`` when given, so the caller can say so.
     """
     st = storage or LocalStorage()
     root = Path(root)
     out = []
     for name in _list_root(root, st):
         parsed = parse_dir_name(name)
-        if parsed is None or parsed[1] == DELETE_SUFFIX or not st.is_dir(root / name):
+        if parsed is None or parsed[1] == DELETE_SUFFIX:
+            continue
+        if not st.is_dir(root / name):
+            if not_dirs is not None and parsed[1] != STAGING_SUFFIX:
+                not_dirs.append(name)
             continue
         out.append((parsed[0], parsed[1], name))
     out.sort(key=lambda c: (-c[0], {"": 0, ASIDE_SUFFIX: 1}.get(c[1], 2)))
@@ -177,6 +188,8 @@ def plan_resume(
     apply: bool = True,
     storage: Optional[LocalStorage] = None,
     clock: Callable[[], float] = time.time,
+    trust_shared: bool = False,
+    uid: Optional[int] = None,
 ) -> ResumePlan:
     """Decide how an attempt starts; never falls back silently, never deletes.
 
@@ -194,7 +207,14 @@ def plan_resume(
       A lone staged save of a run that never committed anything (killed in its first save)
       is not a checkpoint that could be lost: that starts at step 0, with a notice.
 
-    ``apply=False`` changes nothing on disk (``python -m recovery.resume`` explains with it).
+    * The checkpoint that would be loaded holds a pickle needing more than checkpoint data
+      types (:mod:`recovery.pickle_guard`) -> it is quarantined, refuse, ``unsafe_checkpoint``.
+    * It (or the checkpoint directory) is writable by other users or owned by another uid
+      (:mod:`recovery.trust`) -> refuse, ``shared_checkpoint``, unless ``trust_shared``
+      (then a notice).
+
+    ``apply=False`` changes nothing on disk (``python -m recovery.resume`` explains with it):
+    its notices say "would quarantine".
     """
     st = storage or LocalStorage()
     root = Path(root)
@@ -208,14 +228,20 @@ def plan_resume(
                     f"(steps {', '.join(str(s) for s in committed[-3:])}): is its filesystem mounted? Nothing "
                     f"was started; to start over deliberately set training.restart_from_scratch=true")
             return ResumePlan("start", "start", "no checkpoint directory yet")
-        found = candidates_of(root, storage=st)
+        not_dirs: list = []
+        found = candidates_of(root, storage=st, not_dirs=not_dirs)
+        for name in not_dirs:
+            notices.append({"event": "resume_fallback", "skipped": str(root / name), "reason": "not_a_directory",
+                            "message": f"skipping {root / name}: it is not a directory (a checkpoint replaced by a "
+                                       f"file?); left as it is"})
         if restart_from_scratch:
             for step, suffix, name in found:
                 dest = quarantine(root, root / name, "training.restart_from_scratch=true", storage=st,
                                   clock=clock) if apply else None
                 notices.append({"event": "quarantine", "path": str(root / name), "to": str(dest),
                                 "reason": "training.restart_from_scratch=true",
-                                "message": f"restart_from_scratch: moving {root / name} to {dest or 'quarantine/'}"})
+                                "message": f"restart_from_scratch: moving {root / name} to {dest}" if apply else
+                                           f"restart_from_scratch: would move {root / name} to quarantine/"})
             return ResumePlan("start", "restart_from_scratch",
                               f"starting at step 0 as asked; {len(found)} earlier checkpoint(s) moved to "
                               f"{root / QUARANTINE_DIR}", notices=notices)
@@ -226,6 +252,12 @@ def plan_resume(
                           f"I/O, a stale or missing mount), not a corrupt checkpoint: nothing was skipped, "
                           f"pruned or quarantined; fix access and resubmit")
     hint = res.latest_hint
+    raw = _raw_latest(root, st)
+    if raw and not hint:
+        notices.append({"event": "resume_fallback", "skipped": None, "reason": "latest_invalid",
+                        "message": f"'latest' says {raw[:200]!r}, which is not a checkpoint name of {root} (it "
+                                   f"points outside the run's checkpoint directory?); ignoring it, searching the "
+                                   f"directory instead"})
     if hint and not st.exists(root / hint):
         notices.append({"event": "resume_fallback", "skipped": str(root / hint), "reason": "latest_target_missing",
                         "message": f"'latest' names {hint}, which does not exist; searching the directory instead"})
@@ -247,8 +279,13 @@ def plan_resume(
         if res.path is not None and parsed and parsed[1] != STAGING_SUFFIX:
             dest = quarantine(root, Path(path), reason, storage=st, clock=clock) if apply else None
             notices.append({"event": "quarantine", "path": str(path), "to": str(dest), "reason": reason,
-                            "message": f"quarantined {path} -> {dest or 'quarantine/'}: {reason}"})
+                            "message": f"quarantined {path} -> {dest}: {reason}" if apply else
+                                       f"would quarantine {path} (to quarantine/): {reason}"})
     if res.path is not None:
+        refused = _vet_safety(root, res.path, notices, apply=apply, storage=st, clock=clock,
+                              trust_shared=trust_shared, uid=uid)
+        if refused is not None:
+            return refused
         return ResumePlan("resume", "resume", f"newest verified checkpoint {res.path}", path=res.path,
                           step=res.step, meta=res.meta, notices=notices)
     committed_like = [p for p, _r in res.skipped if parse_dir_name(Path(p).name)[1] != STAGING_SUFFIX]
@@ -272,28 +309,127 @@ def plan_resume(
     return ResumePlan("start", "start", "no checkpoint yet", notices=notices)
 
 
-def explain(root: Path, *, storage: Optional[LocalStorage] = None) -> tuple[int, str]:
-    """``python -m recovery.resume ROOT``: (exit code, text) saying what a restart would do, and why."""
-    st = storage or LocalStorage()
-    root = Path(root)
-    if not st.exists(root):
-        return 2, f"error: {root} does not exist"
-    if not st.is_dir(root):
-        return 2, f"error: {root} is not a directory (give the run's checkpoint directory, e.g. runs/NAME/checkpoints)"
-    lines = [f"checkpoint directory {root}"]
+def _raw_latest(root: Path, st: LocalStorage) -> Optional[str]:
+    """What the ``latest`` file says, unchecked (None when it is missing or unreadable)."""
     try:
-        found = candidates_of(root, storage=st)
-        hint = read_latest(root, storage=st)
-        lines.append(f"latest -> {hint or '(none)'}" + ("" if not hint or st.exists(root / hint) else
-                                                         "  (WARNING: that directory does not exist)"))
-        for step, _suffix, name in found:
-            reason = verify(root / name, storage=st)
-            lines.append(f"  {name}: {'verified' if reason is None else reason}")
-    except StorageError as e:
-        lines.append(f"  cannot read: {e} (an environment error, not a corrupt checkpoint)")
-    for name, reason in list_quarantine(root, storage=st):
-        lines.append(f"  quarantine/{name}: {reason}")
-    plan = plan_resume(root, apply=False, storage=st)
+        return st.read_text(Path(root) / LATEST).strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _vet_safety(root: Path, path: Path, notices: list, *, apply: bool, storage: LocalStorage,
+                clock: Callable[[], float], trust_shared: bool, uid: Optional[int]) -> Optional[ResumePlan]:
+    """The checkpoint about to be loaded: no pickle that could run code, no writer but the run's user.
+
+    A refusal, or None to go on (a trusted shared checkpoint adds a notice)."""
+    try:
+        unsafe = unsafe_pickles(path)
+        shared = None if unsafe else writable_by_others(root, path, uid=uid)
+    except OSError as e:
+        return ResumePlan("refuse", "storage_error",
+                          f"cannot read {path} to check it before loading ({e.strerror or e}): an environment "
+                          f"error, nothing was loaded, skipped or quarantined; fix access and resubmit",
+                          notices=notices)
+    if unsafe:
+        reason = f"unsafe pickle: {unsafe}"
+        dest = quarantine(root, path, reason, storage=storage, clock=clock) if apply else None
+        notices.append({"event": "quarantine", "path": str(path), "to": str(dest), "reason": "unsafe_checkpoint",
+                        "why": unsafe,
+                        "message": f"quarantined {path} -> {dest}: {reason}" if apply else
+                                   f"would quarantine {path} (to quarantine/): {reason}"})
+        where = f"it was moved to {dest}" if apply else "a restart would move it to quarantine/"
+        return ResumePlan("refuse", "unsafe_checkpoint",
+                          f"{path} was not loaded: {unsafe}. Checkpoints this toolkit writes need only checkpoint "
+                          f"data types, so it was changed after its save (a manifest does not stop a writer: it can "
+                          f"be resealed); {where}. Find out who changed it; a resubmission resumes from the "
+                          f"previous verified checkpoint", notices=notices)
+    if shared:
+        if not trust_shared:
+            return ResumePlan("refuse", "shared_checkpoint",
+                              f"{shared}: another user could have changed what this run would load. Nothing was "
+                              f"loaded or changed; make it private (chmod -R go-w {root}, owned by this user) or, "
+                              f"if sharing it is intended, set {TRUST_ENV}=1", notices=notices)
+        notices.append({"event": "shared_checkpoint_trusted", "path": str(path), "reason": "trusted_by_env",
+                        "message": f"{shared}; loading it anyway because {TRUST_ENV}=1"})
+    return None
+
+
+def run_context(arg: Path, *, storage: Optional[LocalStorage] = None) -> tuple[Path, Optional[Path], Optional[dict]]:
+    """What the inspector was given: (checkpoint directory, run directory or None, run identity or None).
+
+    ``arg`` is a run directory (it holds ``config.yaml``: its checkpoint directory follows
+    ``cluster.checkpoint_root`` and ``run.name``, as for the worker) or a checkpoint directory
+    (``runs/NAME/checkpoints``: its parent is the run directory when it holds ``config.yaml``).
+    Read-only: a missing run id is not created.
+    """
+    from types import SimpleNamespace
+
+    import yaml
+
+    from launch.paths import RunPaths
+    from recovery.identity import model_shape, read_run_id
+
+    st = storage or LocalStorage()
+    arg = Path(arg)
+    run_dir = arg if st.exists(arg / "config.yaml") else (
+        arg.parent if arg.name == "checkpoints" and st.exists(arg.parent / "config.yaml") else None)
+    if run_dir is None:
+        return arg, None, None
+    try:
+        cfg = yaml.safe_load(st.read_text(run_dir / "config.yaml"))
+        name, ckroot = str(cfg["run"]["name"]), str(cfg["cluster"].get("checkpoint_root") or "")
+        model = model_shape(SimpleNamespace(**cfg["model"]))
+    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError, AttributeError):
+        return (arg if arg != run_dir else RunPaths.of(run_dir).checkpoints), run_dir, None
+    root = RunPaths.of(run_dir, name, ckroot).checkpoints
+    return root, run_dir, {"name": name, "id": read_run_id(run_dir), "model": model}
+
+
+def explain(root: Path, *, storage: Optional[LocalStorage] = None,
+            env: Optional[dict] = None) -> tuple[int, str]:
+    """``python -m recovery.resume RUN_DIR|CHECKPOINT_ROOT``: (exit code, text) saying what a restart would do.
+
+    The verdict is :func:`plan_resume`'s, with ``apply=False``: the same decision the worker makes
+    (with the run's identity and the checkpoints its event log records when the run directory is
+    known), changing nothing on disk.
+    """
+    from recovery.events import read_events
+    from recovery.policy import FINAL_REASONS
+    from recovery.trust import trusts_shared
+
+    st = storage or LocalStorage()
+    given = Path(root)
+    root, run_dir, identity = run_context(given, storage=st)
+    if run_dir is None and not st.exists(root):
+        return 2, f"error: {root} does not exist (give the run directory, e.g. runs/NAME, or its checkpoint directory)"
+    if st.exists(root) and not st.is_dir(root):
+        return 2, f"error: {root} is not a directory (give the run directory, e.g. runs/NAME, or its checkpoint directory)"
+    committed = committed_steps(read_events(run_dir / "events.jsonl")) if run_dir is not None else []
+    lines = [f"checkpoint directory {root}" + (f" (run directory {run_dir})" if run_dir is not None else
+                                               " (run directory unknown: whose checkpoints these are is not checked; "
+                                               "give the run directory to check it)")]
+    if st.is_dir(root):
+        try:
+            found = candidates_of(root, storage=st)
+            hint = read_latest(root, storage=st)
+            raw = _raw_latest(root, st)
+            shown = hint or (f"{raw!r} (WARNING: not a checkpoint of this directory)" if raw else "(none)")
+            lines.append(f"latest -> {shown}" + ("" if not hint or st.exists(root / hint) else
+                                                 "  (WARNING: that directory does not exist)"))
+            for step, _suffix, name in found:
+                reason = verify(root / name, storage=st)
+                lines.append(f"  {name}: {'verified' if reason is None else reason}")
+        except StorageError as e:
+            lines.append(f"  cannot read: {e} (an environment error, not a corrupt checkpoint)")
+        try:
+            for name, reason in list_quarantine(root, storage=st):
+                lines.append(f"  quarantine/{name}: {reason}")
+        except OSError:
+            pass
+    else:
+        lines.append("  (the checkpoint directory does not exist)")
+    plan = plan_resume(root, identity=identity, committed=committed, apply=False, storage=st,
+                       trust_shared=trusts_shared(os.environ if env is None else env))
     for n in plan.notices:
         lines.append(f"WARNING: {n['message']}")
     if plan.action == "resume":
@@ -303,18 +439,23 @@ def explain(root: Path, *, storage: Optional[LocalStorage] = None) -> tuple[int,
         lines.append(f"a restart would start at step 0: {plan.detail}")
         code = 1
     else:
-        lines.append(f"a restart would refuse ({plan.reason}): {plan.detail}")
+        lines.append(f"a restart would refuse ({plan.reason}, the worker exits {FINAL_REASONS.get(plan.reason)}): "
+                     f"{plan.detail}")
         code = 3
-    lines.append(json.dumps({"action": plan.action, "reason": plan.reason,
+    lines.append(json.dumps({"action": plan.action, "reason": plan.reason, "exit_code": FINAL_REASONS.get(plan.reason),
                              "path": str(plan.path) if plan.path else None, "step": plan.step,
-                             "latest_hint": read_latest(root, storage=st), "meta": plan.meta}, default=str))
+                             "latest_hint": read_latest(root, storage=st) if st.is_dir(root) else None,
+                             "meta": plan.meta}, default=str))
     return code, "\n".join(lines)
 
 
-USAGE = """usage: python -m recovery.resume CHECKPOINT_ROOT   (e.g. runs/NAME/checkpoints)
+USAGE = """usage: python -m recovery.resume RUN_DIR|CHECKPOINT_ROOT   (e.g. runs/NAME or runs/NAME/checkpoints)
 
 Read-only: print which checkpoint a restart would load and why, verifying each candidate's manifest
-(every file's size and digest) newest first, with the reason for every one it skips. Moves nothing.
+(every file's size and digest) newest first, with the reason for every one it skips, and checking the
+one it would load as the restart does (no pickle that could run code, no other user able to write it).
+Given the run directory, it also judges whose checkpoints they are and what the event log records, as
+the restart does. Moves nothing ("would quarantine").
 
 exit codes: 0 it would resume, 1 nothing to resume (it would start at step 0), 2 bad argument,
             3 it would refuse (the reason is printed)
@@ -323,7 +464,7 @@ documentation: docs/ (and README.md) in the slurmtron repository"""
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """``python -m recovery.resume CHECKPOINT_ROOT``: print what a restart would load, and why.
+    """``python -m recovery.resume RUN_DIR|CHECKPOINT_ROOT``: print what a restart would load, and why.
 
     Exit 0: it would resume; 1: nothing to resume (it would start at step 0); 3: it would
     refuse (the reason is printed); 2: bad argument.
@@ -333,7 +474,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         print(USAGE)
         return 0
     if len(args) != 1 or args[0].startswith("-"):
-        print("usage: python -m recovery.resume CHECKPOINT_ROOT (--help for more)", file=sys.stderr)
+        print("usage: python -m recovery.resume RUN_DIR|CHECKPOINT_ROOT (--help for more)", file=sys.stderr)
         return 2
     code, text = explain(Path(args[0]))
     print(text, file=sys.stderr if code == 2 else sys.stdout)

@@ -57,6 +57,7 @@ def _decide(ctx: RankContext) -> Start:
     from recovery.events import read_events
     from recovery.identity import run_identity
     from recovery.resume import committed_steps, plan_resume
+    from recovery.trust import trusts_shared
 
     def refuse(reason: str, detail: str, notices: list) -> Start:
         code = policy.FINAL_REASONS[reason]
@@ -77,7 +78,8 @@ def _decide(ctx: RankContext) -> Start:
     fresh = ctx.restart == 0
     scratch = bool(ctx.job.training.restart_from_scratch) and fresh
     plan = plan_resume(ctx.paths.checkpoints, identity=identity, storage=ctx.storage,
-                       committed=committed_steps(read_events(ctx.paths.events)), restart_from_scratch=scratch)
+                       committed=committed_steps(read_events(ctx.paths.events)), restart_from_scratch=scratch,
+                       trust_shared=trusts_shared(ctx.env))
     if scratch:
         notices.append({"event": "start_over", "reason": "training.restart_from_scratch=true",
                         "message": "training.restart_from_scratch=true: starting at step 0 (old checkpoints are "

@@ -45,6 +45,29 @@ from megatron.core import dist_checkpointing
 DIST_OPT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 
 
+class UnsafeCheckpoint(RuntimeError):
+    """A checkpoint about to be loaded holds a pickle that needs more than checkpoint data types
+    (:mod:`recovery.pickle_guard`): a final stop (``stop`` as in :class:`train.checkpointer.SaveFailed`)."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        from recovery.policy import EXIT_UNSAFE_CKPT
+
+        detail = (f"{path} was not loaded: {why}. Checkpoints this toolkit writes need only checkpoint data "
+                  f"types, so it was changed after its save; find out who changed it")
+        self.stop = {"reason": "unsafe_checkpoint", "code": EXIT_UNSAFE_CKPT, "detail": detail}
+        super().__init__(detail)
+
+
+def refuse_unsafe_pickles(path: Path) -> None:
+    """Every rank, right before a load: the files torch would unpickle must pass the allow-list (rank 0's start
+    decision checked them too; this closes the window between that check and the load)."""
+    from recovery.pickle_guard import unsafe_pickles
+
+    why = unsafe_pickles(Path(path))
+    if why:
+        raise UnsafeCheckpoint(Path(path), why)
+
+
 class CheckpointMismatch(RuntimeError):
     """A checkpoint this job must not load (written by the other optimizer type)."""
 
@@ -274,6 +297,7 @@ def load(
 ) -> Loaded:
     """Every rank: restore model, optimizer and scheduler from ``path`` (in any saved layout)."""
     t0 = clock()
+    refuse_unsafe_pickles(path)
     common = dist_checkpointing.load_common_state_dict(str(path))
     check_optimizer_type(common.get("training_state", {}), distributed_optimizer, path)
     fix_distributed_optimizer_load()

@@ -143,8 +143,11 @@ def _run_reporting(ctx: RankContext) -> int:
         import traceback
 
         from train.checkpointer import SaveFailed
+        from train.megatron_ckpt import UnsafeCheckpoint
 
-        if isinstance(e, SaveFailed):  # the filesystem refused a save: a named, final stop (no traceback needed)
+        # the filesystem refused a save, or a checkpoint to load holds a pickle that could run code:
+        # a named, final stop (no traceback needed)
+        if isinstance(e, (SaveFailed, UnsafeCheckpoint)):
             stop = e.stop
             fields = {k: v for k, v in stop.items() if k not in ("reason", "code", "detail")}
             ctx.emit("stop", reason=stop["reason"], code=stop["code"], detail=stop["detail"], **fields)

@@ -1,0 +1,225 @@
+"""No code runs from a checkpoint: every pickle a resume would load is checked against an allow-list first.
+
+A checkpoint directory is data that anyone who can write it can change, and its manifest does not stop
+them: the manifest is an integrity check (a torn save, a flipped byte), not authentication, and a
+writer can recompute its SHA-256 and sizes. Loading it unpickles several files:
+
+* ``.metadata``: torch's distributed-checkpoint reader calls ``pickle.load`` on it (no restriction);
+* the ``BYTE_IO`` items inside the ``*.distcp`` shards (Megatron-Core's sharded objects, a layer's
+  ``_extra_state``): torch's default load planner calls ``torch.load(weights_only=False)`` on each;
+* ``common.pt`` (and any other ``*.pt``): ``torch.load`` with torch's default (``weights_only=True``
+  since torch 2.6, unless ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` is set).
+
+:func:`unsafe_pickles` reads each of them with an unpickler whose ``find_class`` admits only the
+distributed-checkpoint metadata types, the tensor/storage rebuild helpers, dtypes and plain containers,
+and which never calls what it finds: an admitted global is replaced by an inert stand-in that only
+records its arguments, so even an admitted name executes nothing during the check. A pickle that needs
+any other global (``builtins.exec``, ``os.system``, ``subprocess.Popen``, a class of some package) is
+reported, with the file and the name; the resume refuses such a checkpoint
+(:data:`recovery.policy.EXIT_UNSAFE_CHECKPOINT`) and quarantines it. Tensor records of the shards are
+not read here (torch loads them with ``weights_only=True``).
+
+The check runs before anything is loaded: on rank 0 in the start decision
+(:func:`recovery.resume.plan_resume`), again on every rank right before the load
+(:func:`train.megatron_ckpt.load`), and in the read-only inspector ``python -m recovery.resume``.
+
+Standard library only: the login node checks checkpoints too.
+"""
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import struct
+import zipfile
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+__all__ = ["UnsafePickle", "check_pickle", "unsafe_pickles", "ALLOWED"]
+
+_DCP = "torch.distributed.checkpoint"
+_DTYPES = ("float32", "float16", "bfloat16", "float64", "float", "half", "double", "int64", "int32", "int16",
+           "int8", "uint8", "uint16", "uint32", "uint64", "bool", "long", "int", "short", "complex64",
+           "complex128", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+_STORAGES = ("UntypedStorage", "FloatStorage", "HalfStorage", "BFloat16Storage", "DoubleStorage", "LongStorage",
+             "IntStorage", "ShortStorage", "CharStorage", "ByteStorage", "BoolStorage", "ComplexFloatStorage",
+             "ComplexDoubleStorage")
+# (module, name) pairs a checkpoint's pickles may name; nothing else is admitted
+ALLOWED = frozenset(
+    {(f"{_DCP}.metadata", n) for n in ("Metadata", "ChunkStorageMetadata", "TensorStorageMetadata",
+                                        "BytesStorageMetadata", "TensorProperties", "MetadataIndex", "StorageMeta",
+                                        "_MEM_FORMAT_ENCODING")}
+    | {(f"{_DCP}.planner", n) for n in ("SavePlan", "WriteItem", "WriteItemType", "TensorWriteData", "ReadItem",
+                                         "LoadItemType", "LoadPlan")}
+    | {(f"{_DCP}.filesystem", "_StorageInfo"), (f"{_DCP}._extension", "StreamTransformExtension")}
+    | {("torch", n) for n in _DTYPES + _STORAGES + ("Size", "device", "strided", "sparse_coo", "contiguous_format",
+                                                      "channels_last", "preserve_format")}
+    | {("torch.serialization", "_get_layout"), ("torch.storage", "UntypedStorage"),
+       ("torch._utils", "_rebuild_tensor_v2"), ("torch._utils", "_rebuild_tensor"),
+       ("torch._utils", "_rebuild_parameter"), ("torch._utils", "_rebuild_parameter_with_state"),
+       ("torch.nn.parameter", "Parameter")}
+    | {("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "slice"),
+       ("builtins", "complex"), ("_codecs", "encode"), ("builtins", "bytearray")}
+)
+_MAX_PICKLE = 1 << 30  # a pickle this large is not metadata: refused unread
+
+
+class UnsafePickle(Exception):
+    """A checkpoint file whose pickle names a global outside :data:`ALLOWED` (or is not a pickle at all)."""
+
+
+class _Inert:
+    """What an admitted global becomes during the check: accepts every call and state, runs nothing."""
+
+    _qual: tuple = ("?", "?")
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "_Inert":
+        obj = object.__new__(cls)
+        obj.__dict__["args"] = args
+        obj.__dict__["state"] = None
+        obj.__dict__["items"] = {}
+        return obj
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __setstate__(self, state: Any) -> None:
+        self.__dict__["state"] = state
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self.__dict__["items"][key] = value
+
+    def append(self, value: Any) -> None:
+        self.__dict__["items"][len(self.__dict__["items"])] = value
+
+    def extend(self, values: Any) -> None:
+        for v in values:
+            self.append(v)
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def field(self, name: str) -> Any:
+        """A dataclass field from the recorded state (``{...}`` or ``(None, {slots})``), else None."""
+        state = self.__dict__["state"]
+        if isinstance(state, tuple) and len(state) == 2:
+            merged: dict = {}
+            for part in state:
+                if isinstance(part, dict):
+                    merged.update(part)
+            state = merged
+        return state.get(name) if isinstance(state, dict) else None
+
+
+class _Checker(pickle.Unpickler):
+    def __init__(self, data: bytes, where: str) -> None:
+        super().__init__(io.BytesIO(data))
+        self.where = where
+        self._stand_ins: dict = {}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in ALLOWED:
+            raise UnsafePickle(f"{self.where} needs {module}.{name}, which is not a checkpoint data type")
+        key = (module, name)
+        if key not in self._stand_ins:
+            self._stand_ins[key] = type(name, (_Inert,), {"_qual": key})
+        return self._stand_ins[key]
+
+    def persistent_load(self, pid: Any) -> Any:  # torch.save's storage records: data, never code
+        return _Inert(pid)
+
+
+def check_pickle(data: bytes, where: str) -> Any:
+    """Unpickle ``data`` with the allow-list and inert stand-ins; raises :class:`UnsafePickle`."""
+    try:
+        return _Checker(data, where).load()
+    except UnsafePickle:
+        raise
+    except RecursionError:
+        raise UnsafePickle(f"{where} is nested too deeply to be checkpoint metadata") from None
+    except Exception as e:  # truncated, not a pickle, an opcode applied to the wrong thing
+        raise UnsafePickle(f"{where} is not a readable checkpoint pickle ({type(e).__name__}: {e})"[:300]) from None
+
+
+def _stored_member(blob: bytes, info: zipfile.ZipInfo) -> bytes:
+    """A stored (uncompressed) zip member's bytes, read from its local header (torch writes no CRC32 here)."""
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise ValueError(f"member {info.filename} is compressed")
+    off = info.header_offset
+    sig, *_rest = struct.unpack_from("<4s22xHH", blob, off)
+    if sig != b"PK\x03\x04":
+        raise ValueError(f"member {info.filename} has no local header")
+    name_len, extra_len = struct.unpack_from("<HH", blob, off + 26)
+    start = off + 30 + name_len + extra_len
+    return blob[start:start + info.compress_size]
+
+
+def check_torch_save(blob: bytes, where: str) -> None:
+    """A ``torch.save`` payload (zip with ``*/data.pkl``, or a legacy bare pickle): its pickle must pass."""
+    if blob[:4] != b"PK\x03\x04":
+        check_pickle(blob, where)  # the legacy format starts with a pickle (magic number) too
+        return
+    try:
+        with zipfile.ZipFile(io.BytesIO(blob)) as z:
+            pkls = [i for i in z.infolist() if i.filename.endswith(".pkl")]
+            if not pkls:
+                raise UnsafePickle(f"{where} holds no data.pkl")
+            for info in pkls:
+                check_pickle(_stored_member(blob, info), f"{where}:{info.filename}")
+    except (zipfile.BadZipFile, ValueError, struct.error) as e:
+        raise UnsafePickle(f"{where} is not a readable torch.save archive ({e})") from None
+
+
+def _read(path: Path) -> bytes:
+    if path.stat().st_size > _MAX_PICKLE:
+        raise UnsafePickle(f"{path.name} is {path.stat().st_size} bytes: too large for checkpoint metadata")
+    return path.read_bytes()
+
+
+def _byte_items(meta: Any) -> Iterator[tuple[str, int, int]]:
+    """(relative path, offset, length) of every BYTE_IO record the metadata lists."""
+    sdm = meta.field("state_dict_metadata") if isinstance(meta, _Inert) else None
+    storage = meta.field("storage_data") if isinstance(meta, _Inert) else None
+    if not isinstance(sdm, dict) or not isinstance(storage, dict):
+        raise UnsafePickle(".metadata is not a distributed-checkpoint Metadata record")
+    byte_fqns = {k for k, v in sdm.items()
+                 if isinstance(v, _Inert) and v._qual == (f"{_DCP}.metadata", "BytesStorageMetadata")}
+    for index, info in storage.items():
+        fqn = index.field("fqn") if isinstance(index, _Inert) else None
+        if fqn not in byte_fqns:
+            continue
+        rel = info.field("relative_path") if isinstance(info, _Inert) else None
+        off, length = (info.field("offset"), info.field("length")) if isinstance(info, _Inert) else (None, None)
+        if not isinstance(rel, str) or not isinstance(off, int) or not isinstance(length, int):
+            raise UnsafePickle(f".metadata: the storage record of {fqn!r} is malformed")
+        yield rel, off, length
+
+
+def unsafe_pickles(ckpt: Path) -> Optional[str]:
+    """Why a resume must not load checkpoint directory ``ckpt`` (its first unsafe pickle), or None.
+
+    Checks ``.metadata``, every ``BYTE_IO`` record it lists in the shards, and every ``*.pt``.
+    Raises OSError when a file cannot be read at all (a storage question, not this check's).
+    """
+    ckpt = Path(ckpt)
+    try:
+        names = sorted(os.listdir(ckpt))
+        if ".metadata" in names:
+            meta = check_pickle(_read(ckpt / ".metadata"), ".metadata")
+            shards: dict = {}
+            for rel, off, length in _byte_items(meta):
+                target = (ckpt / rel).resolve()
+                if target.parent != ckpt.resolve():
+                    raise UnsafePickle(f".metadata points a record at {rel!r}, outside the checkpoint")
+                if rel not in shards:
+                    shards[rel] = _read(target)
+                blob = shards[rel]
+                if off < 0 or length < 0 or off + length > len(blob):
+                    raise UnsafePickle(f".metadata: a record of {rel} lies outside the file")
+                check_torch_save(blob[off:off + length], f"{rel}@{off}")
+        for name in names:
+            if name.endswith(".pt"):
+                check_torch_save(_read(ckpt / name), name)
+    except UnsafePickle as e:
+        return str(e)
+    return None
