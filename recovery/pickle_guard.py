@@ -27,6 +27,7 @@ Standard library only: the login node checks checkpoints too.
 """
 from __future__ import annotations
 
+import _compat_pickle
 import io
 import os
 import pickle
@@ -60,6 +61,8 @@ ALLOWED = frozenset(
        ("torch.nn.parameter", "Parameter")}
     | {("collections", "OrderedDict"), ("builtins", "set"), ("builtins", "frozenset"), ("builtins", "slice"),
        ("builtins", "complex"), ("_codecs", "encode"), ("builtins", "bytearray")}
+    # StorageMeta.checkpoint_id: constructing a path only stores its parts
+    | {("pathlib", "PosixPath"), ("pathlib", "PurePosixPath")}
 )
 _MAX_PICKLE = 1 << 30  # a pickle this large is not metadata: refused unread
 
@@ -118,6 +121,11 @@ class _Checker(pickle.Unpickler):
         self._stand_ins: dict = {}
 
     def find_class(self, module: str, name: str) -> Any:
+        # what the real unpickler resolves a Python 2 name to (fix_imports; torch.save writes protocol 2)
+        if (module, name) in _compat_pickle.NAME_MAPPING:
+            module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+        elif module in _compat_pickle.IMPORT_MAPPING:
+            module = _compat_pickle.IMPORT_MAPPING[module]
         if (module, name) not in ALLOWED:
             raise UnsafePickle(f"{self.where} needs {module}.{name}, which is not a checkpoint data type")
         key = (module, name)
