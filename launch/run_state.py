@@ -310,7 +310,7 @@ def gather(run_dir: str | Path, *, runner: Runner = default_runner, clock: Calla
            log_lines: int = 5, alive: Optional[Callable] = None) -> RunState:
     """The status of the run in ``run_dir`` (which must hold a ``config.yaml``)."""
     from launch.submit import read_submissions
-    from recovery.events import read_events
+    from recovery.events import read_events_counted, torn_warning
 
     run_dir = Path(run_dir).absolute()
     job = load_job(RunPaths.of(run_dir).config)
@@ -319,7 +319,9 @@ def gather(run_dir: str | Path, *, runner: Runner = default_runner, clock: Calla
     state = RunState(run=job.run.name, run_dir=str(run_dir), launcher=c.launcher, world_size=job.world_size,
                      gpu=c.gpu)
     _estimate(state, job)
-    events = read_events(paths.events)
+    events, torn = read_events_counted(paths.events)
+    if torn:
+        state.warnings.append(torn_warning(paths.events, torn).removeprefix("WARNING: "))
     _from_events(state, events)
     sacct_text = None
     if c.launcher == "local":

@@ -78,29 +78,69 @@ class EventLog:
         }
         if self.enabled:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(record, default=str) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            append_line(self.path, json.dumps(record, default=str))
         return record
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append ``line`` and a newline, fsynced. A last line left without its newline (a writer killed mid-line)
+    is closed first, so the new record starts on a line of its own instead of being swallowed by the torn one
+    (which readers skip and count)."""
+    with open(path, "ab+") as f:
+        f.seek(0, os.SEEK_END)
+        torn = False
+        if f.tell() > 0:
+            f.seek(-1, os.SEEK_END)
+            torn = f.read(1) != b"\n"
+        f.write((("\n" if torn else "") + line + "\n").encode("utf-8"))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def parse_json_lines_counted(text: str) -> tuple[list[dict], int]:
+    """(the JSON objects of ``text``, one a line; how many non-blank lines were not one: torn or garbage)."""
+    out, torn = [], 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            torn += 1
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+        else:
+            torn += 1
+    return out, torn
 
 
 def parse_json_lines(text: str) -> list[dict]:
     """The JSON objects of ``text``, one a line; other lines (a torn last line) are skipped."""
-    out = []
-    for line in text.splitlines():
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict):
-            out.append(rec)
-    return out
+    return parse_json_lines_counted(text)[0]
+
+
+def read_events_counted(path: str | os.PathLike) -> tuple[list[dict], int]:
+    """(the records of an event log, the number of torn or unreadable lines skipped); a missing file is empty."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8", errors="replace")
+    except (FileNotFoundError, NotADirectoryError):
+        return [], 0
+    except IsADirectoryError:
+        return [], 1
+    return parse_json_lines_counted(text)
 
 
 def read_events(path: str | os.PathLike) -> list[dict]:
-    """Read an event log (or any JSON-lines record file), tolerating a torn last line."""
-    p = Path(path)
-    if not p.exists():
-        return []
-    return parse_json_lines(p.read_text(encoding="utf-8", errors="replace"))
+    """Read an event log (or any JSON-lines record file), skipping torn lines (:func:`read_events_counted`
+    counts them)."""
+    return read_events_counted(path)[0]
+
+
+def torn_warning(path: str | os.PathLike, torn: int) -> Optional[str]:
+    """The WARNING line for ``torn`` skipped lines of ``path``, or None."""
+    if not torn:
+        return None
+    return (f"WARNING: {path}: {torn} torn or unreadable line(s) skipped (a writer killed mid-line, or not JSON); "
+            f"the other records are read")
