@@ -306,6 +306,8 @@ def take_run_lock(run_dir: str | Path, *, job_active: Optional[Callable[[str], O
 
 def locked_line(exc: Any, run_dir: str | Path) -> str:
     """The one line of a launch refused by the run lock (``exc``: :class:`recovery.lock.RunLocked`)."""
+    if exc.holder.unreadable is not None:  # a garbage lock file: say how to clear it, not who holds it
+        return f"refused: {exc}; nothing was written or started (exit {EXIT_RUN_LOCKED})"
     return (f"refused: run.name: this run is being trained right now by {exc.holder.describe()} ({exc.why}); "
             f"nothing was written or started (exit {EXIT_RUN_LOCKED}). Wait for it to end, stop it "
             f"(python launch/stop.py {run_dir}), or pick another run.name")

@@ -185,6 +185,11 @@ def writer_problems(job: Job, run_dir: Path, runner: Callable[..., Any]) -> tupl
 
     problems, warnings = [], []
     paths = job.paths_at(run_dir)
+    from recovery.stop import request_problem
+
+    if (bad_stop := request_problem(paths.stop_request)) is not None:  # before the lock or any write
+        problems.append(Problem("run.name", "the run's stop file is not a stop record", bad_stop,
+                                f"look at it, then remove it (rm -r {paths.stop_request}) to continue the run"))
     held = None
     if job.cluster.launcher != "local":  # the local launcher takes the lock itself (launch/local.py): exit 9
         held = lock.active_holder(paths.lock, job_active=lambda j: lock.slurm_job_active(j, runner))

@@ -49,6 +49,10 @@ class RunLocked(RuntimeError):
 
     def __init__(self, path: Path, holder: "Holder", why: str) -> None:
         self.path, self.holder, self.why = path, holder, why
+        if holder.unreadable is not None:
+            super().__init__(f"lock file {path} holds no readable lock record ({holder.unreadable!r}): if no attempt "
+                             f"of this run is running (squeue / ps), remove it (rm {path}) and start again")
+            return
         super().__init__(f"run is locked by {holder.describe()} ({why}); lock file {path}. Wait for it to end, "
                          f"or cancel it (scancel {holder.job_id})" if holder.job_id else
                          f"run is locked by {holder.describe()} ({why}); lock file {path}. Wait for it to end; "
@@ -67,7 +71,22 @@ class Holder:
     start_time: float = 0.0  # unix seconds when the lock was taken
     token: str = field(default_factory=lambda: uuid.uuid4().hex)
 
+    @property
+    def unreadable(self) -> Optional[str]:
+        """The start of the lock file's text when it held no readable record (binary, truncated, not JSON)."""
+        return getattr(self, "_unreadable", None)
+
+    @staticmethod
+    def garbage(text: str) -> "Holder":
+        """The stand-in holder of a lock file that holds no readable record."""
+        h = Holder(host="?", pid=0)
+        h._unreadable = text[:80]
+        return h
+
     def describe(self) -> str:
+        if self.unreadable is not None:
+            return ("no known process: the lock file holds no readable lock record; if no attempt of this run "
+                    "is running, remove it")
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.start_time)) if self.start_time else "?"
         job = f"Slurm job {self.job_id} (restart {self.restart_count}), " if self.job_id else ""
         return f"{job}pid {self.pid} on {self.host} since {when}"
@@ -79,8 +98,13 @@ class Holder:
             return Holder(host=str(doc["host"]), pid=int(doc["pid"]), pid_start=doc.get("pid_start"),
                           job_id=doc.get("job_id"), restart_count=int(doc.get("restart_count") or 0),
                           start_time=float(doc.get("start_time") or 0.0), token=str(doc.get("token") or ""))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
             return None
+
+
+def read_record(path: Path) -> str:
+    """The lock file's text; bytes that are not UTF-8 are replaced (a garbage record is judged, not raised)."""
+    return Path(path).read_bytes().decode("utf-8", errors="replace")
 
 
 def process_start_time(pid: int) -> Optional[float]:
@@ -176,7 +200,7 @@ class Acquired:
         if self.handed:
             return False
         try:
-            current = Holder.from_text(self.path.read_text(encoding="utf-8"))
+            current = Holder.from_text(read_record(self.path))
         except OSError:
             return False
         if current is None or current.token != self.holder.token:
@@ -226,7 +250,7 @@ def acquire(path: Path, me: Holder, *, host: Optional[str] = None,
     host = host or socket.gethostname()
     if handed_by:
         try:
-            current = Holder.from_text(path.read_text(encoding="utf-8"))
+            current = Holder.from_text(read_record(path))
         except OSError:
             current = None
         if current is not None and current.token == handed_by:
@@ -236,12 +260,12 @@ def acquire(path: Path, me: Holder, *, host: Optional[str] = None,
         if _link_new(path, me):
             return Acquired(path, me)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_record(path)
         except FileNotFoundError:
             continue  # released between our link and our read: try again
         holder = Holder.from_text(text)
         if holder is None:
-            raise RunLocked(path, Holder(host="?", pid=0), f"unreadable lock record {text[:80]!r}")
+            raise RunLocked(path, Holder.garbage(text), f"unreadable lock record {text[:80]!r}")
         verdict, why = judge(holder, me, host=host, alive=alive, job_active=job_active)
         if verdict == "held":
             raise RunLocked(path, holder, why)
@@ -250,7 +274,7 @@ def acquire(path: Path, me: Holder, *, host: Optional[str] = None,
             os.rename(path, aside)
         except FileNotFoundError:
             continue
-        moved = Holder.from_text(aside.read_text(encoding="utf-8"))
+        moved = Holder.from_text(read_record(aside))
         if moved is None or moved.token != holder.token:  # another taker replaced it meanwhile: put it back
             try:
                 os.link(aside, path)
@@ -261,7 +285,7 @@ def acquire(path: Path, me: Holder, *, host: Optional[str] = None,
         os.unlink(aside)
         if _link_new(path, me):
             return Acquired(path, me, taken_over=holder, why=why if verdict == "stale" else f"same writer: {why}")
-    raise RunLocked(path, Holder.from_text(path.read_text(encoding="utf-8")) if path.exists() else me,
+    raise RunLocked(path, Holder.from_text(read_record(path)) or Holder.garbage("") if path.exists() else me,
                     "the lock kept changing hands while taking it")
 
 
@@ -270,11 +294,11 @@ def active_holder(path: Path, *, host: Optional[str] = None,
                   job_active: Callable[[str], Optional[bool]] = slurm_job_active) -> Optional[tuple[Holder, str]]:
     """The live holder of ``path`` and why it counts as live, or None (no lock, or a stale one)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_record(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
     holder = Holder.from_text(text)
     if holder is None:
-        return Holder(host="?", pid=0), f"unreadable lock record {text[:80]!r}"
+        return Holder.garbage(text), f"unreadable lock record {text[:80]!r}"
     verdict, why = judge(holder, None, host=host or socket.gethostname(), alive=alive, job_active=job_active)
     return (holder, why) if verdict == "held" else None

@@ -29,10 +29,12 @@ code  name                  meaning
 13    EXIT_SHARED_CKPT      refused to start: the checkpoint to resume from is writable by other
                             users (group/world-writable, or owned by another uid);
                             SLURMTRON_TRUST_SHARED_CHECKPOINTS=1 accepts it
+14    EXIT_BAD_CONFIG       refused to start: the run's config.yaml cannot be read back into a job
+                            (missing, binary, malformed YAML, a field of the wrong type)
 42    EXIT_REQUEUE          stop signal -> checkpoint committed -> asked Slurm to requeue
 ====  ====================  ==============================================================
 
-Codes 3-13 are final: neither the local launcher nor ``recovery.crash`` starts another
+Codes 3-14 are final: neither the local launcher nor ``recovery.crash`` starts another
 attempt after them, because another attempt would meet the same refusal (a full disk does
 not empty itself; an unreadable file does not fix its permissions). The run stops with the
 reason in ``events.jsonl`` (a ``stop`` event) and on the terminal.
@@ -105,6 +107,7 @@ EXIT_UNSUPPORTED = 10
 EXIT_NAN = 11
 EXIT_UNSAFE_CKPT = 12
 EXIT_SHARED_CKPT = 13
+EXIT_BAD_CONFIG = 14
 EXIT_REQUEUE = 42
 
 # stop reason -> exit code, for every final stop (no requeue, no relaunch)
@@ -120,6 +123,7 @@ FINAL_REASONS = {
     "nan": EXIT_NAN,
     "unsafe_checkpoint": EXIT_UNSAFE_CKPT,
     "shared_checkpoint": EXIT_SHARED_CKPT,
+    "bad_config": EXIT_BAD_CONFIG,
 }
 FINAL_CODES = (EXIT_COMPLETED,) + tuple(sorted(set(FINAL_REASONS.values())))
 

@@ -262,6 +262,25 @@ def read_request(path: Path) -> Optional[dict]:
     return doc if isinstance(doc, dict) else None
 
 
+def request_problem(path: Path) -> Optional[str]:
+    """Why the stop file at ``path`` is not a stop record a launch can read and clear (binary, not JSON, a
+    directory), or None (absent, or a record). A launch refuses on it: what the user meant cannot be known."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            return f"{path} is a directory, not a stop record"
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"{path} cannot be read ({e.strerror or e})"
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return f"{path} is not a stop record (not JSON: {raw[:40]!r})"
+    return None if isinstance(doc, dict) else f"{path} is not a stop record (JSON {type(doc).__name__}, not an object)"
+
+
 def pending(doc: Optional[dict], step: int) -> bool:
     """A drain request applies at ``step`` (steps done): requested, and ``at_step`` reached (or none)."""
     if not doc or doc.get("state") != REQUESTED:

@@ -89,8 +89,10 @@ def main(argv: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = No
 
     flag = StopFlag()
     install_handlers(flag)  # first: a signal during start-up is kept, not lost
-    job = load_job(RunPaths.of(argv[0]).config)
-    paths = job.paths_at(argv[0])
+    loaded = _load_run(argv[0], env, load_job)
+    if isinstance(loaded, int):
+        return loaded
+    job, paths = loaded
     from train.versions import refuse_unsupported  # before anything imports torch or megatron
     if (refused := refuse_unsupported(paths.run_dir, env, job.training.precision,
                                       tp_comm_overlap=job.parallelism.tp_comm_overlap)) is not None:
@@ -112,6 +114,49 @@ def main(argv: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = No
         # and during interpreter shutdown Python restores the default action (terminate), which
         # would turn a completed rank into a FAILED job step.
         ignore_stop_signals()
+
+
+def _load_run(run_dir: str, env: Mapping[str, str], load_job: Any) -> Any:
+    """(job, paths) of ``run_dir``, or the final exit code after one line: a run directory that is missing
+    (a filesystem not mounted on this node) or a ``config.yaml`` that cannot be read back into a job."""
+    from pathlib import Path
+
+    from launch.paths import RunPaths
+    from recovery.policy import EXIT_BAD_CONFIG, EXIT_STORAGE
+
+    where = Path(run_dir)
+    if not where.is_dir():
+        what = "is not a directory" if where.exists() else "does not exist"
+        print(f"slurmtron: refused to start: run directory {where} {what} (is its filesystem mounted on this "
+              f"node?); nothing was written (exit {EXIT_STORAGE})", flush=True)
+        return EXIT_STORAGE
+    config = RunPaths.of(where).config
+    try:
+        job = load_job(config)
+        return job, job.paths_at(run_dir)
+    except Exception as e:  # binary, malformed YAML, a wrong type: the schema's own words, first line only
+        said = (str(e).strip().splitlines() or [""])[0][:300]
+        line = (f"{config} cannot be read back into a job ({type(e).__name__}: {said}); restore it from the run's "
+                f"submission or resubmit with launch/pretrain.py")
+    print(f"slurmtron: refused to start: {line} (exit {EXIT_BAD_CONFIG})", flush=True)
+    _record_refusal(RunPaths.of(where).events, env, "bad_config", EXIT_BAD_CONFIG, line)
+    return EXIT_BAD_CONFIG
+
+
+def _record_refusal(events_path: Any, env: Mapping[str, str], reason: str, code: int, detail: str) -> None:
+    """Rank 0 records a refusal before a job exists (``stop``/``exit``), so the crash requeue sees a final stop."""
+    from launch import dist_env
+    from recovery.events import EventLog
+    from recovery.policy import restart_count_from_env
+
+    try:
+        if dist_env.from_env(env).rank != 0:
+            return
+        log = EventLog(events_path, job_id=env.get("SLURM_JOB_ID"), restart_count=restart_count_from_env(env))
+        log.emit("stop", reason=reason, code=code, detail=detail)
+        log.emit("exit", reason=reason, code=code, step=None)
+    except (OSError, ValueError, KeyError) as e:  # the refusal stands; only its record is missing
+        print(f"WARNING: the refusal could not be recorded in {events_path}: {e}", flush=True)
 
 
 def _start_watchdog(ctx: RankContext) -> Any:
