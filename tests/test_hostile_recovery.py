@@ -119,3 +119,94 @@ def test_the_analysis_reader_skips_and_counts_a_torn_line(tmp_path: Path) -> Non
     EventLog(path, clock=lambda: 3.0, host="n").emit("exit", reason="completed")
     df, skipped = parse_events_file(path)
     assert list(df["event"]) == ["job_start", "exit"] and skipped == 1
+
+
+# ---- the rank side: one line, a final code, never a traceback ------------------------------------
+
+def _worker(run_dir: Path, tmp_path: Path) -> tuple[int, list[str]]:
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    env.update({"PYTHONPATH": str(Path(__file__).resolve().parents[1]), "RANK": "0", "WORLD_SIZE": "1",
+                "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999", "SLURM_JOB_ID": "55"})
+    p = subprocess.run([sys.executable, "-m", "train.worker", str(run_dir)], capture_output=True, text=True,
+                       env=env, cwd=tmp_path, timeout=300)
+    return p.returncode, [ln for ln in (p.stdout + p.stderr).splitlines() if ln.strip()]
+
+
+@pytest.mark.parametrize("content", [None, b"\x00\xff\xfe binary \x80" * 8, b"model: [\n  oops",
+                                     b"model:\n  num_layers: lots\n", b"- just\n- a list\n"])
+def test_worker_on_a_missing_run_directory_or_a_hostile_config_says_one_line(tmp_path: Path, content) -> None:
+    run_dir = tmp_path / "run"
+    if content is not None:
+        run_dir.mkdir()
+        (run_dir / "config.yaml").write_bytes(content)
+    code, lines = _worker(run_dir, tmp_path)
+    assert not any("Traceback" in ln for ln in lines), lines
+    refusals = [ln for ln in lines if ln.startswith("slurmtron: refused to start:")]
+    assert len(refusals) == 1, lines
+    if content is None:
+        assert code == policy.EXIT_STORAGE and "does not exist" in refusals[0]
+        assert not run_dir.exists()
+    else:
+        assert code == policy.EXIT_BAD_CONFIG == policy.FINAL_REASONS["bad_config"]
+        assert "config.yaml cannot be read back into a job" in refusals[0]
+        stop = [e for e in read_events(run_dir / "events.jsonl") if e["event"] == "stop"]
+        assert [s["reason"] for s in stop] == ["bad_config"]  # the crash requeue sees a final stop
+        fake = FakeSlurm()
+        code2, why = requeue_after_crash(run_dir, {"SLURM_JOB_ID": "55", "SLURM_RESTART_COUNT": "0"}, fake)
+        assert code2 == 0 and fake.calls == [] and "bad_config" in why
+
+
+@pytest.mark.parametrize("content", [b"\x00\x01\xff\xfe\x80garbage", b"", b"{\"host\": 1", b"[1, 2]"])
+def test_a_garbage_run_lock_says_how_to_clear_it(tmp_path: Path, content: bytes) -> None:
+    import io
+
+    from launch.local import locked_line
+    from recovery import lock
+
+    path = tmp_path / "run.lock"
+    path.write_bytes(content)
+    with pytest.raises(lock.RunLocked) as e:
+        lock.acquire(path, lock.me_from_env({}))
+    text = str(e.value)
+    assert "holds no readable lock record" in text and f"rm {path}" in text and "pid 0" not in text
+    line = locked_line(e.value, tmp_path)
+    assert line.count("\n") == 0 and "rm " in line and "being trained right now" not in line
+    holder, _why = lock.active_holder(path)
+    assert "pid 0" not in holder.describe() and "remove it" in holder.describe()
+    assert path.read_bytes() == content  # left for the user to look at
+
+
+@pytest.mark.parametrize("content", [b"\x00\xff\xfe\x80 binary", b"{not json", b"[1]", None])
+def test_a_stop_file_that_is_no_record_refuses_the_local_launch_before_the_lock(tmp_path: Path, content) -> None:
+    import io
+
+    from hydra import compose, initialize_config_dir
+
+    from launch import pretrain
+    from launch.compose import CONFIG_DIR, compose_job, job_to_yaml
+    from launch.config import register_configs
+
+    run_dir = tmp_path / "runs" / "t"
+    cfg = ["cluster=local", "model=tiny", "run.name=t", f"cluster.run_root={tmp_path / 'runs'}"]
+    (run_dir / "logs").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text(job_to_yaml(compose_job(cfg)) + "# the earlier attempt's copy\n")
+    (run_dir / "events.jsonl").write_text('{"event": "job_start", "rank": 0}\n')
+    if content is None:
+        (run_dir / "stop.json").mkdir()
+    else:
+        (run_dir / "stop.json").write_bytes(content)
+    before = {str(p.relative_to(run_dir)): (p.read_bytes() if p.is_file() else None)
+              for p in sorted(run_dir.rglob("*"))}
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        composed = compose(config_name="config", overrides=cfg)
+    err = io.StringIO()
+    rc = pretrain.main(composed, out=io.StringIO(), err=err)
+    after = {str(p.relative_to(run_dir)): (p.read_bytes() if p.is_file() else None)
+             for p in sorted(run_dir.rglob("*"))}
+    assert after == before  # no run.lock taken, config.yaml not rewritten, nothing cleared
+    assert rc == pretrain.EXIT_REFUSED and "Traceback" not in err.getvalue()
+    assert "stop file is not a stop record" in err.getvalue() and "stop.json" in err.getvalue()
