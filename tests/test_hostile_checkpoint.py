@@ -225,3 +225,30 @@ def test_latest_outside_the_run_and_a_checkpoint_replaced_by_a_file_are_warned(r
     out = capsys.readouterr().out
     assert "not a checkpoint of this directory" in out and "it is not a directory" in out
     assert "latest -> (none)" not in out
+
+
+@pytest.mark.training
+def test_a_real_run_refuses_a_forged_checkpoint_and_the_payload_never_runs(tmp_path: Path) -> None:
+    """A real Megatron-Core checkpoint, its .metadata replaced by a code-running pickle and the manifest resealed:
+    the next attempt exits 12 without loading it, the checkpoint is in quarantine/, the payload never ran."""
+    from trainutil import train
+
+    from launch.paths import RunPaths
+
+    run_dir = tmp_path / "run"
+    base = ["training.train_iters=2", "training.checkpoint_interval=100", "parallelism=tp1"]
+    first = train(run_dir, base, world=1, timeout=600)
+    assert first.codes == [0], first.all_logs()
+    root = RunPaths.of(run_dir).checkpoints
+    ckpt = root / "iter_0000002"
+    assert unsafe_pickles(ckpt) is None  # what Megatron-Core writes passes the allow-list
+    marker = tmp_path / "payload-ran"
+    forge(ckpt, ".metadata", marker)
+    second = train(run_dir, base, world=1, attempt=1, timeout=600)
+    assert second.codes == [policy.EXIT_UNSAFE_CKPT], second.all_logs()
+    assert not marker.exists() and not ckpt.exists()
+    assert [r for _n, r in list_quarantine(root)][0].startswith("unsafe pickle")
+    mine = [e for e in second.events if e.get("event") in ("quarantine", "stop")]
+    assert [e["event"] for e in mine][-2:] == ["quarantine", "stop"] and mine[-1]["reason"] == "unsafe_checkpoint"
+    assert not any(e.get("event") == "resume" for e in second.events)
+    assert "WARNING: quarantined" in second.all_logs()
