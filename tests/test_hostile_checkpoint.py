@@ -86,8 +86,15 @@ def test_the_allow_list_refuses_code_and_never_runs_it(tmp_path: Path) -> None:
         check_pickle(pickle.dumps(Payload(marker)), ".metadata")
     with pytest.raises(UnsafePickle, match="os.system|posix.system"):
         check_pickle(pickle.dumps(os.system), ".metadata")
-    with pytest.raises(UnsafePickle, match="not a readable checkpoint pickle"):
-        check_pickle(b"\x00garbage", ".metadata")
+    assert check_pickle(b"\x00garbage", ".metadata") is None  # no code either: loading it fails as before
+    # torch's legacy format is several pickles in a row: a payload in a later one is found
+    legacy = pickle.dumps(0x1950A86A20F9469CFC6C) + pickle.dumps(1001) + pickle.dumps(Payload(marker))
+    with pytest.raises(UnsafePickle, match="builtins.exec"):
+        check_pickle(legacy, "x.pt", every=True)
+    # a truncated stream: the payload before the cut is found, nothing runs
+    torn = pickle.dumps([1, 2, Payload(marker)], protocol=4)[:-3]
+    with pytest.raises(UnsafePickle, match="builtins.exec"):
+        check_pickle(torn, ".metadata")
     assert not marker.exists()
 
 
