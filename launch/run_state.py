@@ -131,6 +131,9 @@ def _local_state(paths: RunPaths, events: list[dict], *, alive: Optional[Callabl
     kwargs = {"alive": alive} if alive is not None else {}
     held = active_holder(paths.lock, host=socket.gethostname(), job_active=lambda _j: None, **kwargs)
     if held is not None:
+        if held[0].unreadable is not None:  # a garbage run.lock: nobody known holds it
+            return "unknown", f"{paths.lock} holds no readable lock record; if no attempt of this run is running, " \
+                              f"remove it (rm {paths.lock})"
         return "running", held[0].describe()
     return _ended_state(events)
 

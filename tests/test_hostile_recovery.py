@@ -210,3 +210,15 @@ def test_a_stop_file_that_is_no_record_refuses_the_local_launch_before_the_lock(
     assert after == before  # no run.lock taken, config.yaml not rewritten, nothing cleared
     assert rc == pretrain.EXIT_REFUSED and "Traceback" not in err.getvalue()
     assert "stop file is not a stop record" in err.getvalue() and "stop.json" in err.getvalue()
+
+
+def test_status_of_a_local_run_with_a_garbage_lock_is_not_running(tmp_path: Path) -> None:
+    from launch.compose import compose_job, job_to_yaml
+    from launch.run_state import gather
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(job_to_yaml(compose_job(["cluster=local", "model=tiny", "run.name=r"])))
+    (run_dir / "run.lock").write_bytes(b"\x00\xff garbage")
+    state = gather(run_dir, alive=lambda *a, **k: True)
+    assert state.state == "unknown" and "rm " in state.reason and "pid 0" not in state.reason
