@@ -277,17 +277,16 @@ def unsafe_pickles(ckpt: Path) -> Optional[str]:
         names = sorted(os.listdir(ckpt))
         if ".metadata" in names:
             meta = check_pickle(_read(ckpt / ".metadata"), ".metadata")
-            shards: dict = {}
             for rel, off, length in _byte_items(meta):
                 target = (ckpt / rel).resolve()
                 if target.parent != ckpt.resolve():
                     raise UnsafePickle(f".metadata points a record at {rel!r}, outside the checkpoint")
-                if rel not in shards:
-                    shards[rel] = _read(target)
-                blob = shards[rel]
-                if off < 0 or length < 0 or off + length > len(blob):
+                if off < 0 or length < 0 or length > _MAX_PICKLE or off + length > target.stat().st_size:
                     raise UnsafePickle(f".metadata: a record of {rel} lies outside the file")
-                check_torch_save(blob[off:off + length], f"{rel}@{off}")
+                with open(target, "rb") as f:  # only the record: a shard can be many GB
+                    f.seek(off)
+                    record = f.read(length)
+                check_torch_save(record, f"{rel}@{off}")
         for name in names:
             if name.endswith(".pt"):
                 check_torch_save(_read(ckpt / name), name)

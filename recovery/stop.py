@@ -270,7 +270,7 @@ def request_problem(path: Path) -> Optional[str]:
         if path.is_dir():
             return f"{path} is a directory, not a stop record"
         raw = path.read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no stop file (or no run directory yet)
         return None
     except OSError as e:
         return f"{path} cannot be read ({e.strerror or e})"
