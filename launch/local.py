@@ -44,7 +44,7 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence, TextIO
 
 from launch.dist_env import free_port
 from launch.paths import RunPaths
-from recovery.policy import EXIT_RUN_LOCKED, FINAL_CODES
+from recovery.policy import EXIT_RUN_LOCKED, FINAL_CODES, REFUSAL_CODES
 
 EXIT_COMPLETED = 0
 EXIT_REQUEUE = 42
@@ -202,10 +202,15 @@ class Attempt:
 
     @property
     def code(self) -> int:
-        """The job's code: the first failing rank's, 42 if every rank asked for a requeue, else 0."""
+        """The job's code: a refusal (a final code of any rank) first, then the first failing rank's, 42 if every
+        rank asked for a requeue, else 0. A refusal outranks a crash: a rank killed because a peer refused must
+        not turn the refusal into a relaunch."""
         codes = [c if c is not None else 1 for c in self.codes]
         if all(c == 0 for c in codes):
             return 0
+        refusals = [c for c in codes if c in REFUSAL_CODES]
+        if refusals:
+            return refusals[0]
         for c in codes:
             if c not in (0, EXIT_REQUEUE):
                 return 1 if c < 0 else c  # killed by a signal (negative) counts as a crash

@@ -12,6 +12,7 @@ A run directory ``<cluster.run_root>/<run.name>/`` (or ``run.dir``) holds::
     progress.json       the zero-progress guard's record of attempt start points
     failed_nodes.json   hosts excluded from later attempts
     run.lock            the one-writer lock of a running attempt
+    submit.lock         held by pretrain.py from its squeue check to its sbatch record (one submitter)
     stop.json           a drain request (launch/stop.py) and, once honoured, who stopped the run
     hangs/              stack dumps of hung attempts
     tensorboard/        TensorBoard event files (one per attempt; purged past the resumed step)
@@ -39,6 +40,7 @@ EVENTS = "events.jsonl"
 PROGRESS = "progress.json"
 FAILED_NODES = "failed_nodes.json"
 LOCK = "run.lock"
+SUBMIT_LOCK = "submit.lock"
 STOP_REQUEST = "stop.json"
 HANGS = "hangs"
 TENSORBOARD = "tensorboard"
@@ -99,6 +101,10 @@ class RunPaths:
     @property
     def lock(self) -> Path:
         return self.run_dir / LOCK
+
+    @property
+    def submit_lock(self) -> Path:
+        return self.run_dir / SUBMIT_LOCK
 
     @property
     def stop_request(self) -> Path:

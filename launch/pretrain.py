@@ -16,6 +16,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional, TextIO
@@ -258,7 +259,15 @@ def main(cfg: DictConfig, *, runner: Runner = default_runner, out: TextIO = sys.
 
     A user mistake or a missing tool ends in one clear message and an exit code, never a
     traceback: 2 refused (nothing written), 1 the submission failed (nothing left behind).
+    A Slurm submission holds the run's submit lock (:class:`launch.submit.SubmitLock`) from its
+    squeue check to its sbatch record, released on every way out.
     """
+    with ExitStack() as held:
+        return _main(cfg, runner=runner, out=out, err=err, sweep=sweep, held=held)
+
+
+def _main(cfg: DictConfig, *, runner: Runner, out: TextIO, err: TextIO, sweep: Optional[SweepMember],
+          held: ExitStack) -> int:
     refused = 0 if sweep else EXIT_REFUSED
     job, refusal = job_or_refusal(cfg)
     if job is None:
@@ -286,6 +295,14 @@ def main(cfg: DictConfig, *, runner: Runner = default_runner, out: TextIO = sys.
         from launch.preflight_checks import preflight_problems
 
         problems += preflight_problems(run_dir)
+    if not job.dry_run and job.cluster.launcher != "local" and not problems:
+        from launch.submit import SubmitLock
+
+        submit_lock, busy = SubmitLock.take(run_dir)  # before the squeue check: one submitter per run
+        if submit_lock is not None:
+            held.callback(submit_lock.release)
+        else:
+            problems.append(busy)
     if not job.dry_run:
         more, warnings = writer_problems(job, run_dir, runner)
         problems += more

@@ -21,6 +21,7 @@ from typing import Callable, Optional
 
 from launch.config import Job
 from launch.paths import RunPaths
+from launch.problems import Problem
 from launch.render import render
 from recovery.events import read_events
 from recovery.slurm import Reply, Runner, Slurm, default_runner
@@ -178,6 +179,48 @@ class RunDirSnapshot:
                 d.rmdir()  # only if empty
             except OSError:
                 pass
+
+
+class SubmitLock:
+    """One submitter per run: ``<run_dir>/submit.lock`` (:attr:`RunPaths.submit_lock`), held from the squeue
+    check to the ``submissions.jsonl`` record of the sbatch, so two ``pretrain.py`` of one run started at the same
+    moment cannot both find the queue empty and both submit: the second is refused in one line, and a third that
+    comes after the first finished sees its job in squeue. The lock is the run lock's atomic record
+    (:mod:`recovery.lock`: ``link(2)``, holder host/pid; a dead pretrain.py's record is stale on its own host).
+    :meth:`take` returns ``(lock, None)`` or ``(None, problem)``; :meth:`release` removes the record and the run
+    directory again when taking the lock created it and nothing else was written."""
+
+    def __init__(self, acquired, created: list[Path]):
+        self.acquired, self.created = acquired, created
+
+    @classmethod
+    def take(cls, run_dir: str | Path) -> tuple[Optional["SubmitLock"], Optional[Problem]]:
+        from recovery import lock
+
+        paths = RunPaths.of(run_dir)
+        created, probe = [], Path(run_dir).absolute()
+        while not probe.exists() and probe != probe.parent:
+            created.append(probe)
+            probe = probe.parent
+        try:
+            acquired = lock.acquire(paths.submit_lock, lock.me_from_env({}))
+        except lock.RunLocked as exc:
+            return None, Problem("run.name", "another pretrain.py is submitting this run right now (one submitter "
+                                 "per run)", f"{paths.submit_lock}: held by {exc.holder.describe()} ({exc.why})",
+                                 "wait a few seconds and look at squeue (its job is this run's writer), or pick "
+                                 f"another run.name; if no pretrain.py of it runs, remove {paths.submit_lock}")
+        except OSError as exc:
+            return None, Problem("run.dir", f"cannot create {paths.submit_lock}: {exc.strerror or exc}", "",
+                                 "set cluster.run_root=<a writable directory> (or run.dir=...)")
+        return cls(acquired, created), None
+
+    def release(self) -> None:
+        self.acquired.release()
+        for d in self.created:  # innermost first; only the empty ones (a refused submission wrote nothing)
+            try:
+                d.rmdir()
+            except OSError:
+                break
 
 
 def read_submissions(run_dir: str | Path) -> list[dict]:

@@ -4,7 +4,7 @@ Slurm ends a job whose step failed as FAILED and never reruns it, whatever ``--r
 a NCCL watchdog timeout or a dying GPU at 3 a.m. would stop the run until someone notices.
 The batch script therefore asks, after ``srun`` returned non-zero::
 
-    python -m recovery.crash RUN_DIR        # exit 42: requeued; 0: not a crash, nothing done
+    python -m recovery.crash RUN_DIR --rc $rc   # exit 42: requeued; 0: not a crash, nothing done
 
 The answer comes from the attempt's own event log (rank 0 writes it, fsynced per event), not
 from srun's exit code (``--kill-on-bad-exit`` turns most endings into 143):
@@ -19,6 +19,15 @@ from srun's exit code (``--kill-on-bad-exit`` turns most endings into 143):
   checkpoint, another run's checkpoint, a storage error, a full disk, a held run lock,
   torch/megatron-core outside the tested ranges: :mod:`train.versions`) →
   leave it, even if the attempt was killed before writing its ``exit`` event.
+
+Two things outrank the event log, and with either one this process writes nothing at all:
+
+* srun's exit code (``--rc``) is a final code of :data:`recovery.policy.REFUSAL_CODES` (a held run
+  lock 9, software versions 10, a foreign checkpoint 6, storage 7, ...): a refusal is final, another
+  attempt would meet it again;
+* the run lock is held by another live Slurm job: this job was refused (a duplicate of the run,
+  submitted by hand or by a race), its ranks wrote nothing into the run, and its batch script must not
+  either: the run's ``events.jsonl`` is the holder's record. Not requeued.
 
 A deterministic crash is bounded by the next attempt's own start decision: the
 zero-progress guard (``training.zero_progress_restarts``) and ``training.max_restarts``. The
@@ -100,9 +109,22 @@ def max_restarts_of(run_dir: Path) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+def foreign_holder(run_dir: Path, job_id: str, runner: Runner = default_runner) -> Optional[str]:
+    """Who holds the run lock, when it is a live holder other than Slurm job ``job_id`` (else None)."""
+    from recovery import lock
+
+    held = lock.active_holder(RunPaths.of(run_dir).lock, job_active=lambda j: lock.slurm_job_active(j, runner))
+    if held is None or (held[0].job_id and str(held[0].job_id) == str(job_id)):
+        return None
+    holder, why = held
+    return f"{holder.describe()} ({why})"
+
+
 def requeue_after_crash(run_dir: Path, env: Mapping[str, str],
-                        runner: Runner = default_runner) -> tuple[int, str]:
-    """Decide for the attempt ``env`` describes; returns (exit code for the batch script, why)."""
+                        runner: Runner = default_runner, *, rc: Optional[int] = None) -> tuple[int, str]:
+    """Decide for the attempt ``env`` describes; returns (exit code for the batch script, why).
+
+    ``rc``: srun's exit code, when the batch script passes it; a final code ends the decision."""
     job_id = env.get("SLURM_JOB_ID")
     if not job_id:
         return 0, "not under Slurm"
@@ -110,6 +132,13 @@ def requeue_after_crash(run_dir: Path, env: Mapping[str, str],
     if problem:  # never create it: a missing mount would otherwise requeue without end
         return policy.EXIT_STORAGE, (f"{problem}: not requeued (another attempt would meet the same; is its "
                                      f"filesystem mounted on this node?)")
+    if rc is not None and rc in policy.REFUSAL_CODES:
+        return 0, (f"srun exited {rc} ({policy.code_name(rc)}): a refusal is final, another attempt would meet "
+                   f"it again; not requeued")
+    holder = foreign_holder(run_dir, job_id, runner)
+    if holder is not None:
+        return 0, (f"this job does not hold the run lock: {holder}. This job was refused (one writer per run); "
+                   f"not requeued, nothing written into the run")
     try:
         restart = policy.restart_count_from_env(env)
     except ValueError as e:
@@ -134,10 +163,17 @@ def requeue_after_crash(run_dir: Path, env: Mapping[str, str],
 def main(argv: Optional[Sequence[str]] = None, env: Optional[Mapping[str, str]] = None,
          runner: Runner = default_runner) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    rc: Optional[int] = None
+    if len(args) == 3 and args[1] == "--rc":
+        try:
+            rc = int(args[2])
+        except ValueError:
+            rc = None  # an unreadable code: decide from the event log alone
+        args = args[:1]
     if len(args) != 1:
-        print("usage: python -m recovery.crash RUN_DIR", file=sys.stderr)
+        print("usage: python -m recovery.crash RUN_DIR [--rc SRUN_EXIT_CODE]", file=sys.stderr)
         return 2
-    code, why = requeue_after_crash(Path(args[0]), dict(os.environ if env is None else env), runner)
+    code, why = requeue_after_crash(Path(args[0]), dict(os.environ if env is None else env), runner, rc=rc)
     print(f"slurmtron: {why}", flush=True)
     return code
 

@@ -299,8 +299,14 @@ def main(argv: Optional[Sequence[str]] = None, env: Optional[Mapping[str, str]] 
     run_dir = Path(args[1])
     if argv is None:  # the real CLI: the requeue it may do SIGTERMs this process before the update
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    from recovery.crash import foreign_holder
     from recovery.events import EventLog
 
+    if env.get("SLURM_JOB_ID") and (holder := foreign_holder(run_dir, env["SLURM_JOB_ID"], runner)):
+        # another live job is the run's writer: this one will be refused by the run lock (exit 9) and must not
+        # write into the holder's records or requeue itself on the holder's account
+        print(f"slurmtron exclusion: skipped: the run lock is held by {holder}; nothing written", flush=True)
+        return EXIT_TRAIN
     events = EventLog(RunPaths.of(run_dir).events, job_id=env.get("SLURM_JOB_ID"),
                       restart_count=policy.restart_count_from_env(env))
     res = start_check(run_dir, env, runner, requeue_allowed=allowed, emit=events.emit)

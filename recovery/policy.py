@@ -34,7 +34,7 @@ code  name                  meaning
 42    EXIT_REQUEUE          stop signal -> checkpoint committed -> asked Slurm to requeue
 ====  ====================  ==============================================================
 
-Codes 3-14 are final: neither the local launcher nor ``recovery.crash`` starts another
+Codes 3-14 are final (:data:`REFUSAL_CODES`): neither the local launcher nor ``recovery.crash`` starts another
 attempt after them, because another attempt would meet the same refusal (a full disk does
 not empty itself; an unreadable file does not fix its permissions). The run stops with the
 reason in ``events.jsonl`` (a ``stop`` event) and on the terminal.
@@ -125,7 +125,14 @@ FINAL_REASONS = {
     "shared_checkpoint": EXIT_SHARED_CKPT,
     "bad_config": EXIT_BAD_CONFIG,
 }
-FINAL_CODES = (EXIT_COMPLETED,) + tuple(sorted(set(FINAL_REASONS.values())))
+REFUSAL_CODES = tuple(sorted(set(FINAL_REASONS.values())))  # "do not retry": never requeued or relaunched
+FINAL_CODES = (EXIT_COMPLETED,) + REFUSAL_CODES
+
+
+def code_name(code: int) -> str:
+    """The reason a final exit code stands for (``run_locked`` for 9), or ``exit <code>``."""
+    names = [r for r, c in FINAL_REASONS.items() if c == code]
+    return names[0] if names else f"exit {code}"
 
 
 @dataclass

@@ -16,10 +16,12 @@ rc=$?
 echo "slurmtron: srun exited $rc"
 # Slurm never reruns a FAILED job: a crashed attempt (per the run's event log, not srun's code,
 # which --kill-on-bad-exit makes 143) is requeued here; the next attempt's zero-progress guard
-# and training.max_restarts end a deterministic crash loop (recovery/crash.py).
+# and training.max_restarts end a deterministic crash loop (recovery/crash.py). A final code (a refusal:
+# held run lock 9, versions 10, foreign checkpoint 6, storage 7, ...) is never requeued, and a job that does
+# not hold the run lock writes nothing into the run.
 REQUEUE_ON_CRASH={{requeue_on_crash}}  # cluster.requeue_allowed and training.requeue_on_crash
 if [ $rc -ne 0 ] && [ "$REQUEUE_ON_CRASH" = 1 ]; then
-    {{python}} -m recovery.crash "$RUN_DIR"
+    {{python}} -m recovery.crash "$RUN_DIR" --rc "$rc"
     [ $? -eq 42 ] && exit 42
 fi
 exit $rc
