@@ -319,6 +319,9 @@ def build_attempts(
         key = (r.job, r.attempt)
         items = evidence.get(key, [])
         cause = min((c for c, _ in items), key=CAUSE_PRIORITY.index, default=None)
+        slurm_said = SACCT_STATE_CAUSE.get(str(r.state)) if isinstance(r.state, str) else None
+        if cause in KILL_WINDOW_CAUSES and slurm_said in SLURM_FINAL_CAUSES:
+            cause = slurm_said  # a crash in the kill window of a cancel/time limit/preemption is its consequence
         if key in decided:  # who stopped the attempt, as Slurm told the ranks; other evidence stays listed
             cause = decided[key][0]
             items = items + [decided[key]]
@@ -338,6 +341,12 @@ def build_attempts(
     att["resumed_from"] = pd.array(resumed, dtype="Int64")
     att["checkpoint_s"] = ckpt_col
     return att[ATTEMPT_COLUMNS], it
+
+
+# Slurm's own final state of an attempt (sacct: CANCELLED by a user, TIMEOUT, NODE_FAIL, PREEMPTED) outranks
+# what the ranks logged while Slurm was killing them: a collective that broke in the kill window records a crash.
+SLURM_FINAL_CAUSES = ("user_cancel", "time_limit", "node_failure", "preemption")
+KILL_WINDOW_CAUSES = ("crash", "nccl_timeout", "unknown")
 
 
 def _requeued(att: pd.DataFrame, job: str, attempt) -> bool:

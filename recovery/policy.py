@@ -287,6 +287,7 @@ def after_stop_save(
     requeue_allowed: bool = True,
     events: Any = None,
     step: Optional[int] = None,
+    requeued_by_slurm: bool = False,
 ) -> int:
     """Rank 0, once the stop checkpoint is committed: ask Slurm for a requeue; return the exit code.
 
@@ -294,17 +295,24 @@ def after_stop_save(
     ``scontrol requeue <job id>`` (see the module docstring for why, and for SIGTERM from
     preemption vs ``scancel``). Outside Slurm there is nothing to call: the local launcher
     relaunches on exit 42. Returns :data:`EXIT_REQUEUE` in every case, so every rank exits
-    42 and a site's ``RequeueExit=42`` also works. If ``events`` (an
+    42 and a site's ``RequeueExit=42`` also works. ``requeued_by_slurm`` (Slurm already requeued the job:
+    an admin's ``scontrol requeue``, a preemption whose grace ended) skips the call. If ``events`` (an
     :class:`recovery.events.EventLog`) is given, emits ``requeue`` with the method used.
     """
     job_id = env.get("SLURM_JOB_ID") or ""
     name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else str(signum)
     method = "exit_code"
     detail = ""
-    if job_id and requeue_allowed:
+    if job_id and requeued_by_slurm:  # an admin's `scontrol requeue`, a preemption: asking again would fail
+        method = "slurm"
+        detail = f"Slurm had already requeued job {job_id} (its restart count is above this attempt's)"
+    elif job_id and requeue_allowed:
         r = Slurm(runner).requeue(job_id)
         if r.ok:
             method = "scontrol"
+        elif "pending execution" in r.words.lower():  # requeued meanwhile (Slurm's own requeue won the race)
+            method = "slurm"
+            detail = f"Slurm had already requeued job {job_id} (scontrol requeue: {r.words})"
         else:
             detail = f"scontrol requeue {job_id} failed (rc {r.rc}): {r.words}"
     elif job_id:

@@ -30,8 +30,11 @@ The rule (:func:`decide`). A requeue needs positive evidence; without it the job
   (``scancel --signal=USR2``: "checkpoint and requeue now");
 * SIGTERM/SIGINT: sacct ``CANCELLED`` (or, without accounting, a COMPLETING job with no
   reason, no preemption time and no new restart) -> ``user_cancel``, no requeue;
-  a restart count above ours (Slurm already requeued it), a PreemptTime or PREEMPTED ->
-  ``preemption``; Reason=TimeLimit/TIMEOUT -> ``time_limit``; NODE_FAIL or a node reason ->
+  a restart count above ours (Slurm already requeued it) -> ``node_failure`` with a node reason,
+  ``preemption`` with a PreemptTime or PREEMPTED, else ``user_requeue`` (``scontrol requeue`` by the
+  job's user or an admin: sacct REQUEUED, no PreemptTime); rank 0 then does not ask for a requeue
+  again (``scontrol requeue`` of a pending job fails "Job is pending execution");
+  a PreemptTime or PREEMPTED -> ``preemption``; Reason=TimeLimit/TIMEOUT -> ``time_limit``; NODE_FAIL or a node reason ->
   ``node_failure``; all requeue. Anything else (``scancel --signal=TERM``, a query that
   failed) -> ``undecided``: no requeue, and a WARNING says so. A lost requeue costs a
   resubmission; an unstoppable job costs the allocation.
@@ -88,9 +91,11 @@ class StopDecision:
     reason: str
     requeue: bool
     evidence: str
+    requeued_by_slurm: bool = False  # Slurm already requeued the job: rank 0 must not ask again
 
     def as_dict(self) -> dict:
-        return {"reason": self.reason, "requeue": self.requeue, "evidence": self.evidence}
+        return {"reason": self.reason, "requeue": self.requeue, "evidence": self.evidence,
+                "requeued_by_slurm": self.requeued_by_slurm}
 
 
 @dataclass(frozen=True)
@@ -235,9 +240,14 @@ def _decide_signal(signum: int, view: Optional[SlurmView], *, under_slurm: bool,
     if acct.startswith("CANCELLED") or state.startswith("CANCELLED"):
         return StopDecision(USER_CANCEL, False, f"{name}; {seen}")
     if view.restarts is not None and view.restarts > restart_count:
-        cause = NODE_FAILURE if ("NODE_FAIL" in (acct, state) or "node" in reason) else PREEMPTION
+        if "NODE_FAIL" in (acct, state) or "node" in reason:
+            cause = NODE_FAILURE
+        elif view.preempt_time or "PREEMPTED" in (acct, state):
+            cause = PREEMPTION
+        else:  # REQUEUED, no PreemptTime: `scontrol requeue` by the job's user or an admin
+            cause = USER_REQUEUE
         return StopDecision(cause, True, f"{name}; Slurm already requeued the job (Restarts {view.restarts} > "
-                                         f"{restart_count}): {seen}")
+                                         f"{restart_count}): {seen}", requeued_by_slurm=True)
     if view.preempt_time or "PREEMPTED" in (acct, state):
         return StopDecision(PREEMPTION, True, f"{name}; {seen}")
     if reason == "timelimit" or "TIMEOUT" in (acct, state):

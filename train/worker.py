@@ -202,11 +202,50 @@ def _run_reporting(ctx: RankContext) -> int:
         traceback.print_exc()
         if _hang_declared(ctx):
             return _leave_to_the_watchdog(ctx, e)
+        if (code := _broken_by_the_stop_signal(ctx, e)) is not None:
+            return code
         reason = "optimizer_mismatch" if type(e).__name__ == "CheckpointMismatch" else "crash"
         ctx.emit("stop", reason=reason, code=EXIT_CRASH, detail=f"{type(e).__name__}: {e}"[:2000])
         code = _requeue_away_from_faulty_node(ctx, traceback.format_exc())
         ctx.emit("exit", reason="error" if code == EXIT_CRASH else "requeue", code=code, step=None)
         return code
+
+
+def _broken_by_the_stop_signal(ctx: RankContext, e: BaseException, make_judge: Any = None) -> Optional[int]:
+    """A failure after SIGTERM/SIGINT was received (a collective broke because Slurm killed a peer in the kill
+    window of a ``scancel``, a preemption, a time limit) is that signal's cause, not a crash: rank 0 asks Slurm
+    (:mod:`recovery.stop`) and records the stop under the cause Slurm names; a requeue cause is requeued (from
+    the newest checkpoint: no stop checkpoint was made), a cancel ends the run. Returns None (a crash, as
+    before) when no such signal came or Slurm explains nothing; other ranks write nothing and exit 1."""
+    import signal as signals
+
+    from recovery import policy
+    from recovery import stop as stopping
+
+    signum = ctx.flag.signum
+    if signum not in (signals.SIGTERM, signals.SIGINT) or not ctx.job_id:
+        return None
+    if not ctx.is_first:
+        return EXIT_CRASH
+    dec = (make_judge or _judge)(ctx).decide(signum, False)
+    if dec.reason in (stopping.UNDECIDED, stopping.REQUEUE_SIGNAL, stopping.LOCAL_SIGNAL):
+        return None
+    evidence = (f"{type(e).__name__} after {ctx.flag.name} was received: the stop signal's cause, not a crash; "
+                f"{dec.evidence}")[:2000]
+    code = policy.EXIT_REQUEUE if dec.requeue else policy.EXIT_COMPLETED
+    ctx.emit("stop", reason=dec.reason, requeue=dec.requeue, evidence=evidence, step=None, code=code,
+             detail=f"{type(e).__name__}: {e}"[:500], saved=False)
+    ctx.log(f"this attempt ended on {ctx.flag.name} ({dec.reason}) before its stop checkpoint was durable: "
+            f"{type(e).__name__}; the newest committed checkpoint is where the run continues")
+    if dec.requeue:
+        code = policy.after_stop_save(signum, ctx.env, requeue_allowed=ctx.job.cluster.requeue_allowed,
+                                      events=ctx.events, requeued_by_slurm=dec.requeued_by_slurm)
+        ctx.emit("exit", reason="requeue", code=code, step=None)
+        return code
+    if dec.reason in (stopping.USER_STOP, stopping.USER_CANCEL):
+        stopping.mark_stopped(ctx.paths.stop_request, dec.reason, None, ctx.job_id)
+    ctx.emit("exit", reason="stopped", code=code, step=None)
+    return code
 
 
 def _hang_declared(ctx: RankContext) -> bool:
@@ -454,7 +493,8 @@ def _after_stop(ctx: RankContext, result, judge) -> int:
         code = policy.EXIT_REQUEUE
         if ctx.is_first:
             code = policy.after_stop_save(result.signum, ctx.env, requeue_allowed=ctx.job.cluster.requeue_allowed,
-                                          events=ctx.events, step=step)
+                                          events=ctx.events, step=step,
+                                          requeued_by_slurm=bool(dec.get("requeued_by_slurm")))
             _exclude_recorded_nodes(ctx)
         code = int(broadcast(code))
         ctx.emit("exit", reason="requeue", code=code, step=step)
