@@ -205,6 +205,10 @@ def build_attempts(
         .transform(lambda s: s[::-1].cummin()[::-1].shift(-1))
     )
     nxt = later_min.rename("next_first").reset_index()
+    if it.empty:  # no iteration logged yet (a job that has not trained): the empty groupby loses its keys
+        it = it.astype({"job": object, "attempt": "Int64"})
+        nxt = pd.DataFrame({"job": pd.Series(dtype=object), "attempt": pd.Series(dtype="Int64"),
+                            "next_first": pd.Series(dtype="float64")})
     it = it.merge(nxt, on=["job", "attempt"], how="left")
     it["kept"] = it["next_first"].isna() | (it["iteration"] < it["next_first"])
 

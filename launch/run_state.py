@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from launch.compose import load_job
 from launch.config import Job
@@ -202,17 +202,24 @@ def _checkpoint(state: RunState, paths: RunPaths, now: float) -> None:
         state.warnings.append(f"checkpoint {Path(path).name} skipped: {reason}")
 
 
-def _analysis(state: RunState, run_dir: Path, sacct_text: Optional[str], window: int = 10) -> None:
+def _analysis(state: RunState, run_dir: Path, sacct_text: Optional[str], window: int = 10, *,
+              live_expected: bool = False) -> Any:
     """Interruptions by cause, goodput, recent step time, MFU, tokens/s, validation loss and the GPU-hours
-    Slurm accounted so far (``analysis/``)."""
+    Slurm accounted so far (``analysis/``). Returns the sacct table it used (None without one).
+
+    Live ``sacct`` (``sacct_text``) first: a ``sacct.txt`` saved in the run directory (for the report) is a
+    snapshot of the past, used only when live sacct is unavailable (``live_expected``), and then said so."""
     from analysis.load import load_paths
     from analysis.mfu import shape_from_config
     from analysis.parse_slurm import parse_sacct_text
     from analysis.report import analyze_run, validation_table
 
     (run,) = load_paths([run_dir])
-    if sacct_text and (run.sacct is None or run.sacct.empty):
+    if sacct_text:
         run.sacct = parse_sacct_text(sacct_text)[0]
+    elif live_expected and run.sacct is not None and not run.sacct.empty:
+        state.warnings.append("sacct is unavailable: interruptions and GPU-hours come from the saved sacct dump in "
+                              f"{run_dir}, which may be older than the run")
     val = validation_table(run)
     if len(val):
         first, last = val.iloc[0], val.iloc[-1]
@@ -238,6 +245,67 @@ def _analysis(state: RunState, run_dir: Path, sacct_text: Optional[str], window:
             value = recent[col].median() if col != "lm_loss" else recent[col].iloc[-1]
             if value == value:  # not NaN
                 setattr(state, attr, float(value))
+    return run.sacct
+
+
+def _count_attempts(state: RunState, events: list[dict], sacct: Any) -> None:
+    """Attempts from Slurm and the event log together: every (job, restart) that either one knows (an attempt
+    killed before its first event, or one sacct no longer lists, still counts)."""
+    keys = {(str(e.get("job_id")), int(e.get("restart_count") or 0)) for e in events
+            if e.get("event") == "job_start" and (e.get("rank") or 0) == 0 and e.get("job_id") is not None}
+    if sacct is not None and not getattr(sacct, "empty", True) and {"is_alloc", "job", "attempt"} <= set(sacct):
+        alloc = sacct[sacct["is_alloc"].astype(bool)]
+        for job, attempt in zip(alloc["job"].astype(str), alloc["attempt"]):
+            if job in state.job_ids and attempt == attempt and attempt is not None:
+                keys.add((job, int(attempt)))
+    if keys:
+        state.attempts = max(state.attempts, len(keys))
+
+
+def continue_hint(job: Job, step: Optional[int]) -> str:
+    """How to go on with a run that ended before its last step."""
+    where = f"the step-{step} checkpoint" if step is not None else "its newest verified checkpoint"
+    return (f"continue with: the same python launch/pretrain.py command (run.name={job.run.name}); it resumes "
+            f"from {where}")
+
+
+def _explain_end(state: RunState, events: list[dict], job: Job) -> None:
+    """Slurm's end state, read with the worker's own last word: a drained run is ``stopped``, not ``completed``;
+    a slice that ended TIMEOUT without its stop checkpoint says so; each with how to continue."""
+    if state.state not in ("completed", "cancelled", "timeout") or not state.job_id:
+        return
+    mine = [e for e in events if str(e.get("job_id")) == state.job_id] or events  # (a job that wrote nothing)
+    last_exit = next((e for e in reversed(mine) if e.get("event") == "exit"), None)
+    last_stop = next((e for e in reversed(mine) if e.get("event") == "stop"), None)
+    if last_exit is not None and last_exit.get("reason") == "completed":
+        return
+    if last_exit is not None and last_exit.get("reason") == "stopped":
+        who = (last_stop or {}).get("reason") or "user_stop"
+        step = last_exit.get("step")
+        state.state = "stopped"
+        state.reason = f"{who} at step {step}; {continue_hint(job, step)}"
+        return
+    if state.state == "completed":
+        state.reason = "Slurm says COMPLETED but the worker logged no completion"
+    elif state.state == "timeout" and (last_exit is None or last_exit.get("reason") != "requeue"):
+        state.reason = (f"the slice ran out of time (run.time_limit_min={job.run.time_limit_min}) before a stop "
+                        f"checkpoint, and nothing requeued it; {continue_hint(job, state.checkpoint_step)}")
+
+
+def _slices_left(state: RunState, job: Job, events: list[dict], now: float) -> None:
+    """More Slurm slices the steps left need: the running slice's own time left counts first."""
+    if job.cluster.launcher != "slurm" or not state.eta_s:
+        return
+    usable = job.run.time_limit_min * 60 - job.training.signal_lead_time_s
+    if usable <= 0:
+        return
+    need = state.eta_s
+    if state.state == "running" and state.job_id:
+        starts = [e.get("time") for e in events if e.get("event") == "job_start" and
+                  str(e.get("job_id")) == state.job_id and isinstance(e.get("time"), (int, float))]
+        if starts:
+            need -= max(0.0, usable - (now - float(starts[-1])))
+    state.slices_left = max(0, math.ceil(need / usable)) if need > 0 else 0
 
 
 def _sacct_gpu_hours(state: RunState, sacct) -> None:
@@ -344,19 +412,17 @@ def gather(run_dir: str | Path, *, runner: Runner = default_runner, clock: Calla
             elif state.state == "pending" and any(e.get("job_id") == state.job_id and e.get("event") == "job_start"
                                                   for e in events):
                 state.state = "requeued"  # pending again after an attempt of the same job id
-            if state.state == "completed" and _ended_state(events)[0] != "completed":
-                state.reason = "Slurm says COMPLETED but the worker logged no completion"
             sacct_text = sacct_dump(state.job_ids, runner)
+    sacct = None
     try:
-        _analysis(state, run_dir, sacct_text)
+        sacct = _analysis(state, run_dir, sacct_text, live_expected=bool(state.job_ids))
     except Exception as exc:  # a report problem must not hide the state
         state.warnings.append(f"log analysis failed: {type(exc).__name__}: {exc}")
+    _count_attempts(state, events, sacct)
     if state.target and state.step is not None and state.step_time_s:
         left = max(0, state.target - state.step)
         state.eta_s = left * state.step_time_s
-        usable = job.run.time_limit_min * 60 - job.training.signal_lead_time_s
-        if c.launcher == "slurm" and usable > 0 and left:
-            state.slices_left = math.ceil(state.eta_s / usable)
+        _slices_left(state, job, events, clock())
     if state.gpu_hours is None:
         _event_gpu_hours(state, events, clock())
     from launch.cost import cost
@@ -366,6 +432,7 @@ def gather(run_dir: str | Path, *, runner: Runner = default_runner, clock: Calla
     if state.mfu_now is None and not state.mfu_note and state.step is not None:
         state.mfu_note = f"no MFU: unknown peak for cluster.gpu {c.gpu!r}"
     _checkpoint(state, paths, clock())
+    _explain_end(state, events, job)
     log = _newest_log(paths)
     if log is not None:
         state.log_file, state.log_tail = str(log), _tail(log, log_lines)
