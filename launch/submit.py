@@ -210,7 +210,8 @@ class SubmitLock:
                                  "wait a few seconds and look at squeue (its job is this run's writer), or pick "
                                  f"another run.name; if no pretrain.py of it runs, remove {paths.submit_lock}")
         except OSError as exc:
-            return None, Problem("run.dir", f"cannot create {paths.submit_lock}: {exc.strerror or exc}", "",
+            return None, Problem("run.dir", f"cannot write the run directory {Path(run_dir).absolute()}: "
+                                 f"{exc.strerror or exc}", f"creating {paths.submit_lock.name} failed",
                                  "set cluster.run_root=<a writable directory> (or run.dir=...)")
         return cls(acquired, created), None
 

@@ -25,6 +25,7 @@ from recovery.watchdog import Heartbeat
 # The test hooks, read only from the environment (never set them in production).
 STEP_SLEEP_ENV = "SLURMTRON_TEST_STEP_SLEEP_S"
 SAVE_SLEEP_ENV = "SLURMTRON_TEST_SAVE_SLEEP_S"
+STARTUP_SLEEP_ENV = "SLURMTRON_TEST_STARTUP_SLEEP_S"  # rank start-up made this much longer (after the run lock)
 ASYNC_WRITE_SLEEP_ENV = "SLURMTRON_TEST_ASYNC_WRITE_SLEEP_S"  # the forked async writer sleeps before writing
 PARAM_DIGEST_ENV = "SLURMTRON_TEST_PARAM_DIGEST"
 FAIL_AT_ITER_ENV = "SLURMTRON_TEST_FAIL_AT_ITER"
@@ -39,6 +40,7 @@ class Hooks:
     """The worker's test hooks (environment switches, see :mod:`train.worker`)."""
 
     step_sleep_s: float = 0.0
+    startup_sleep_s: float = 0.0
     save_sleep_s: float = 0.0
     async_write_sleep_s: float = 0.0
     param_digest: bool = False
@@ -58,6 +60,7 @@ class Hooks:
         slow = (env.get(SLOW_RANK_ENV) or "").split(":")
         return Hooks(
             step_sleep_s=float(env.get(STEP_SLEEP_ENV) or 0.0),
+            startup_sleep_s=float(env.get(STARTUP_SLEEP_ENV) or 0.0),
             save_sleep_s=float(env.get(SAVE_SLEEP_ENV) or 0.0),
             async_write_sleep_s=float(env.get(ASYNC_WRITE_SLEEP_ENV) or 0.0),
             param_digest=bool(env.get(PARAM_DIGEST_ENV)),

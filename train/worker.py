@@ -48,6 +48,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
 from typing import Any, Mapping, Optional
 
 from launch.dist_env import PG_TIMEOUT_S
@@ -290,11 +291,10 @@ def _run(ctx: RankContext) -> int:
 
 def _train(ctx: RankContext) -> int:
     """Resume or start, train to the end or to a stop signal, and say how this attempt ends."""
-    from train import tracking, train_loop
-    from train.checkpointer import Checkpointer, find_start, vet_resume
-    from train.data import build_source, build_validation_source, describe, describe_line
+    from train import train_loop
+    from train.checkpointer import find_start
 
-    job, t = ctx.job, ctx.job.training
+    job = ctx.job
     iters = train_loop.train_iters(job)
     ctx.phase(f"{ctx.world} rank(s) joined ({'cuda' if ctx.cuda else 'cpu'}, layout {job.layout_label}-dp{job.dp}); rank 0 looks for "
               f"the newest verified checkpoint in {ctx.paths.checkpoints}")
@@ -305,6 +305,44 @@ def _train(ctx: RankContext) -> int:
              source=ctx.dist.source)
     if not start.ok:
         return _refuse_start(ctx, start)
+    watch = _startup_watch(ctx)
+    try:
+        return _train_started(ctx, start, iters, watch)
+    finally:
+        if watch is not None:
+            watch.stop()
+
+
+def _startup_watch(ctx: RankContext) -> Any:
+    """Rank 0, run lock held, until the training loop begins: the time-limit warning during start-up requeues
+    the job at once, without saving (:mod:`recovery.startup_watch`)."""
+    if not (ctx.is_first and ctx.job_id and ctx.job.cluster.requeue_allowed):
+        return None
+    from recovery import policy
+    from recovery.startup_watch import StartupWatch
+
+    def requeue_now(signum: int) -> None:
+        dec = _judge(ctx).decide(signum, False)
+        ctx.emit("stop", reason=dec.reason, requeue=True, step=None, code=policy.EXIT_REQUEUE, saved=False,
+                 evidence=(f"{ctx.flag.name} came during start-up, before the first step: nothing new to save; "
+                           f"requeued at once without saving; {dec.evidence}")[:2000])
+        ctx.log(f"{ctx.flag.name} ({dec.reason}) during start-up: requeueing now without saving; the next slice "
+                f"resumes from the newest checkpoint")
+        policy.after_stop_save(signum, ctx.env, requeue_allowed=True, events=ctx.events,
+                               requeued_by_slurm=dec.requeued_by_slurm)
+
+    return StartupWatch(ctx.flag, requeue_now).start()
+
+
+def _train_started(ctx: RankContext, start, iters: int, watch: Any = None) -> int:
+    """The run lock is held and the start decided: load, build, and train."""
+    if ctx.hooks.startup_sleep_s > 0:  # test hook: a start-up slower than the slice allows
+        time.sleep(ctx.hooks.startup_sleep_s)
+    from train import tracking, train_loop
+    from train.checkpointer import Checkpointer, vet_resume
+    from train.data import build_source, build_validation_source, describe, describe_line
+
+    job, t = ctx.job, ctx.job.training
     from train.data import start_refusal
 
     if (refused := start_refusal(job.data, job.cluster.data_root)) is not None:
@@ -346,6 +384,8 @@ def _train(ctx: RankContext) -> int:
         nan_hooks = NanHooks(parts.chunks, lambda where: print(
             f"WARNING: rank {ctx.rank}: first non-finite value in the {where}", flush=True))
     ctx.beat("train", state.step)
+    if watch is not None:  # from here the step boundary handles the warning (and saves what was trained)
+        watch.stop()
     judge = _judge(ctx) if ctx.is_first else None
     ctx.phase(f"training from step {state.step + 1} to {iters}; the first step is slower (warm-up)")
     try:
