@@ -60,6 +60,13 @@ def notes(job: Job, read_index: Callable[[str], check_data.IndexFacts] = check_d
     if job.parallelism.name != "auto":
         out.extend(planner.memory_warnings(job))  # inside the planner's error band: may or may not fit
     out.extend(check_data.notes(job, read_index))
+    if job.cluster.launcher == "slurm":
+        from launch.slice_fit import slice_warning
+
+        fit = slice_warning(job.run.time_limit_min, job.training.signal_lead_time_s,
+                            job.paths_at(job.run_dir).events)
+        if fit:
+            out.append(fit)
     return out
 
 
