@@ -209,9 +209,31 @@ def classify(reports: Mapping[int, dict], world: int) -> dict:
             out["suspects"].append({"rank": r, "host": host, "why": (
                 f"no stack dump (state {rep.get('proc_state') or '?'}: uninterruptible I/O?) at {at}")})
         elif coll is None:
-            out["suspects"].append({"rank": r, "host": host, "why": f"not in a collective at {at}: in {where}"})
+            out["suspects"].append({"rank": r, "host": host, "why": f"not in a collective at {at}: in {where}",
+                                    "_weak": True})
         else:
             out["victims"].append({"rank": r, "host": host, "why": f"waiting in {coll} at {at}"})
+    return _peers_explain(out)
+
+
+def _peers_explain(out: dict) -> dict:
+    """A rank outside any collective frame *we know* is a suspect only when no peer is one for a sure reason.
+
+    With a peer stopped (state T), behind the last heartbeat, or stuck without a stack, a rank that reached the
+    last heartbeat and is alive is waiting for that peer, in whatever frame its wait shows (a collective's
+    ``Work.wait()`` is C++ under a Megatron or CPU-shim frame, invisible as a ``torch.distributed`` frame): it is
+    a victim, and the suspect set is exactly the ranks that did not reach the collective."""
+    sure = [s for s in out["suspects"] if not s.get("_weak")]
+    weak = [s for s in out["suspects"] if s.get("_weak")]
+    if sure and weak:
+        names = ", ".join(f"rank {s['rank']}" for s in sure)
+        out["suspects"] = sure
+        out["victims"] = sorted(out["victims"] + [
+            {"rank": s["rank"], "host": s["host"],
+             "why": s["why"].replace("not in a collective at", "alive at", 1) + f"; waiting for {names}"}
+            for s in weak], key=lambda v: v["rank"])
+    for s in out["suspects"]:
+        s.pop("_weak", None)
     return out
 
 

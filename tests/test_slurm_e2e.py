@@ -301,6 +301,8 @@ def drain(cluster: Cluster, d: Path) -> Run:
     run.seen["stop_cmd"] = stop
     finish(cluster, run)
     run.seen["stop_file"] = json.loads((run_dir / "stop.json").read_text()) if (run_dir / "stop.json").exists() else None
+    run.seen["status"] = subprocess.run([PY, str(REPO / "launch" / "status.py"), str(run_dir)], capture_output=True,
+                                        text=True, timeout=120, env=cluster.env)
     again = submit(cluster, run_dir, "parallelism=tp2", "run.time_limit_min=10")
     run.seen["again"] = finish(cluster, again)
     return run
@@ -311,6 +313,24 @@ def user_requeue(cluster: Cluster, d: Path) -> Run:
     run = submit(cluster, d / "requeuenow", "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=1")
     wait_step(run, 12)
     cluster.run("scancel", "--signal=USR2", run.job_id)
+    return finish(cluster, run)
+
+
+def admin_requeue(cluster: Cluster, d: Path) -> Run:
+    """TP2 x DP2; after step 12 an admin (or the user) runs ``scontrol requeue <jobid>``."""
+    run = submit(cluster, d / "adminrequeue", "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=1")
+    wait_step(run, 12)
+    cluster.run("scontrol", "requeue", run.job_id)
+    return finish(cluster, run)
+
+
+def slow_cancel(cluster: Cluster, d: Path) -> Run:
+    """A ``scancel`` whose stop save is made slower than the cluster's KillWait (5 s): the ranks are killed while
+    saving; the report must still name the cancel."""
+    run = submit(cluster, d / "slowcancel", "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=1",
+                 "+cluster.env.SLURMTRON_TEST_SAVE_SLEEP_S=20", "training.checkpoint_interval=100")
+    wait_step(run, 4)
+    cluster.run("scancel", run.job_id)
     return finish(cluster, run)
 
 
@@ -339,6 +359,8 @@ SCENARIOS: Dict[str, Callable[[Cluster, Path], object]] = {  # two at a time, in
     "user_cancel": user_cancel,
     "drain": drain,
     "user_requeue": user_requeue,
+    "admin_requeue": admin_requeue,
+    "slow_cancel": slow_cancel,
 }
 
 
@@ -356,6 +378,9 @@ NEEDS = {  # test -> the scenarios it reads; only those of the selected tests ru
     "test_drain_command_ends_without_requeue_and_the_run_continues": ["drain", "completes"],
     "test_scancel_signal_usr2_requeues_now_recorded_as_user_requeue": ["user_requeue", "completes"],
     "test_report_names_who_stopped_each_run": ["user_cancel", "drain", "user_requeue", "preemption"],
+    "test_admin_scontrol_requeue_is_a_user_requeue": ["admin_requeue"],
+    "test_a_cancel_slower_than_killwait_is_reported_as_the_cancel": ["slow_cancel"],
+    "test_status_after_a_drain_says_stopped_and_how_to_continue": ["drain"],
 }
 
 
@@ -538,10 +563,11 @@ def test_sigstopped_rank_is_a_hang_detected_named_and_requeued(scenarios: Dict[s
     assert states(run) == ["REQUEUED", "COMPLETED"], run.logs()
     hangs = run.of("hang")
     assert len(hangs) == 1, run.logs()
-    # the stopped rank is named by its process state; on TP2 x DP2 over two nodes its data-parallel peer (rank 3)
-    # can also be listed, waiting outside a frame the classifier knows as a collective
-    stopped = [s for s in hangs[0]["suspects"] if "process stopped" in s["why"]]
-    assert [s["rank"] for s in stopped] == [1] and stopped[0]["host"].startswith("stn"), hangs[0]
+    # exactly the stopped rank is the suspect (named by its process state); its data-parallel peer (rank 3), waiting
+    # for it under a frame that is not a torch.distributed one, is a victim like the others
+    stopped = hangs[0]["suspects"]
+    assert [s["rank"] for s in stopped] == [1] and "process stopped" in stopped[0]["why"], hangs[0]
+    assert stopped[0]["host"].startswith("stn"), hangs[0]
     assert {s["rank"] for s in hangs[0]["suspects"]} | {v["rank"] for v in hangs[0]["victims"]} == {0, 1, 2, 3}
     d = run.dir / "hangs" / f"{run.job_id}_0"
     for r in range(4):
@@ -655,3 +681,37 @@ def test_report_names_who_stopped_each_run(scenarios: Dict[str, Future], slurm_c
         assert list(causes) == [0], causes  # one interrupted attempt per run
         assert causes[0].startswith(f"{cause} ("), (name, causes)
         assert "event stop" in causes[0], causes
+
+
+def test_admin_scontrol_requeue_is_a_user_requeue(scenarios: Dict[str, Future], slurm_cluster: Cluster,
+                                                  tmp_path: Path) -> None:
+    run = result(scenarios, "admin_requeue")
+    assert states(run) == ["REQUEUED", "COMPLETED"], run.logs()
+    first = [e for e in run.events() if e.get("restart_count") == 0]
+    stops = [e for e in first if e["event"] == "stop"]
+    assert stops and stops[-1]["reason"] == "user_requeue", run.logs()
+    assert "Slurm already requeued the job" in stops[-1]["evidence"], stops[-1]
+    for e in run.of("requeue"):
+        assert "failed" not in str(e.get("detail")) and "pending execution" not in str(e.get("detail")), e
+    causes = report_causes(slurm_cluster, run, tmp_path / "report")
+    assert causes[0].startswith("user_requeue ("), causes
+    assert run.step_reached() == ITERS
+
+
+def test_a_cancel_slower_than_killwait_is_reported_as_the_cancel(scenarios: Dict[str, Future], slurm_cluster: Cluster,
+                                                                 tmp_path: Path) -> None:
+    run = result(scenarios, "slow_cancel")
+    assert states(run) == ["CANCELLED"] and run.restarts == 0, run.logs()
+    assert not [e for e in run.of("stop") if e.get("reason") == "crash"], run.logs()
+    causes = report_causes(slurm_cluster, run, tmp_path / "report")
+    assert list(causes) == [0] and causes[0].startswith("user_cancel ("), causes
+
+
+def test_status_after_a_drain_says_stopped_and_how_to_continue(scenarios: Dict[str, Future]) -> None:
+    run = result(scenarios, "drain")
+    st = run.seen["status"]
+    assert st.returncode == 0, st.stderr
+    stop_step = [e for e in run.events() if e["event"] == "stop" and e["job_id"] == run.job_id][0]["step"]
+    assert f"stopped (user_stop at step {stop_step}; continue with:" in st.stdout, st.stdout
+    assert "worker logged no completion" not in st.stdout and "ETA" not in st.stdout, st.stdout
+    assert "log analysis failed" not in st.stdout + st.stderr

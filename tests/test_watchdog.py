@@ -172,3 +172,31 @@ def test_the_watcher_dumps_names_records_and_kills_a_hung_rank(tmp_path):
     kinds = [(e["event"], e.get("reason")) for e in read_events(tmp_path / "events.jsonl")]
     assert kinds == [("hang", None), ("stop", "hang"), ("exit", "hang")]
     assert time.time() - t0 < 30
+
+
+SHIM_WAIT = '''Current thread 0x00007f0000000001 (most recent call first):
+  File "/repo/train/cpu_shim.py", line 45 in __torch_function__
+  File "/site-packages/megatron/core/distributed/param_and_grad_buffer.py", line 400 in finish_grad_sync
+  File "/repo/train/train_loop.py", line 250 in train_step
+  File "<frozen runpy>", line 88 in _run_code
+  File "/repo/train/worker.py", line 1 in <module>
+'''
+
+
+def test_only_the_ranks_that_did_not_reach_the_collective_are_suspects():
+    """Rank 1 SIGSTOPped: rank 3, its data-parallel peer, waits in the gradient all-reduce under the CPU shim's
+    frame (the wait is C++, no torch.distributed frame); it is a victim, the suspect set is exactly {1}."""
+    rep = {0: {"seq": 8, "phase": "step", "step": 4, "host": "n1", "proc_state": "S", "stacks": VICTIM},
+           1: {"seq": 8, "phase": "step", "step": 4, "host": "n1", "proc_state": "T", "stacks": VICTIM},
+           2: {"seq": 8, "phase": "step", "step": 4, "host": "n2", "proc_state": "S", "stacks": VICTIM},
+           3: {"seq": 8, "phase": "step", "step": 4, "host": "n2", "proc_state": "S", "stacks": SHIM_WAIT}}
+    out = classify(rep, 4)
+    assert [s["rank"] for s in out["suspects"]] == [1]
+    assert [v["rank"] for v in out["victims"]] == [0, 2, 3]
+    assert "waiting for rank 1" in out["victims"][2]["why"] and "cpu_shim" in out["victims"][2]["why"]
+    # a rank behind the last heartbeat is as sure a suspect as a stopped one
+    rep[1]["proc_state"], rep[1]["seq"] = "S", 7
+    assert [s["rank"] for s in classify(rep, 4)["suspects"]] == [1]
+    # with no sure suspect, the rank outside every collective is the one to look at (a data-path hang)
+    rep[1]["seq"] = 8
+    assert [s["rank"] for s in classify(rep, 4)["suspects"]] == [3]
