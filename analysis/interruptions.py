@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.parse_slurm import SACCT_STATE_CAUSE
-from analysis.signatures import CAUSE_PRIORITY, DECIDED_CAUSES
+from analysis.signatures import CAUSE_PRIORITY, DECIDED_CAUSES, EXCLUSION_CAUSE
 
 __all__ = ["ATTEMPT_COLUMNS", "INTERRUPTION_COLUMNS", "assign_attempts", "build_attempts",
            "interruptions", "goodput", "job_key"]
@@ -272,9 +272,16 @@ def build_attempts(
     decided: dict[tuple, tuple[str, str]] = {}  # the ranks' own stop decision (recovery/stop.py)
     # only these kinds are read below; a long run's event log is mostly `iteration` rows (3x faster for 100k)
     ev = ev[ev["event"].isin(["stop", "signal", "hang", "exit", "train_end", "requeue", "checkpoint_saved",
-                              "resume"])] if not ev.empty else ev
+                              "resume", "exclude", "job_start"])] if not ev.empty else ev
     if not ev.empty:
+        started = set(zip(ev.loc[ev["event"] == "job_start", "job"], ev.loc[ev["event"] == "job_start", "attempt"]))
         for r in ev.itertuples():
+            # an attempt that landed on a recorded failed node and requeued away before training (recovery/exclusion)
+            if (r.event == "exclude" and (r.job, r.attempt) not in started and getattr(r, "ok", None) in (True,)
+                    and getattr(r, "bad_here", None)):
+                hosts = ",".join(str(h) for h in (r.bad_here if isinstance(r.bad_here, list) else [r.bad_here]))
+                decided[(r.job, r.attempt)] = (EXCLUSION_CAUSE, f"event exclude: on recorded failed node(s) {hosts}, "
+                                                                "requeued away before training")
             if r.event == "stop" and str(getattr(r, "reason", "")) in DECIDED_CAUSES:
                 why = str(getattr(r, "evidence", "") or "")
                 decided[(r.job, r.attempt)] = (str(r.reason), f"event stop {r.reason}" + (f": {why[:200]}" if why else ""))
@@ -313,9 +320,12 @@ def build_attempts(
             if r.event == "resume" and not pd.isna(r.step):
                 resume_step[key] = int(r.step)
     if not ck.empty:
+        trained = set(zip(att.loc[att["first_step"].notna(), "job"], att.loc[att["first_step"].notna(), "attempt"]))
         for r in ck[ck["kind"] == "loaded"].itertuples():
             key = (r.job, r.attempt if not pd.isna(r.attempt) else _last_attempt(att, r.job))
-            if pd.notna(r.iteration):
+            # a log line is placed by its offset among iteration lines: only an attempt that trained places it
+            # for sure (an attempt that requeued away before training must not take its successor's resume)
+            if pd.notna(r.iteration) and key in trained:
                 resume_step.setdefault(key, int(r.iteration))
 
     causes, evid, finished, ended, resumed, ckpt_col = [], [], [], [], [], []
@@ -367,6 +377,17 @@ def _last_attempt(att: pd.DataFrame, job: str):
     return a.max() if len(a) else 0
 
 
+def _resubmission_resume(firsts: pd.DataFrame, job: str, start) -> object:
+    """Where the run went on after the last attempt of ``job``: the step the next job (a resubmission, a
+    dependency-chain continuation) resumed from, so steps lost are counted across resubmissions too."""
+    later = firsts[firsts["job"] != job]
+    if pd.notna(start):
+        later = later[later["start"] > start]
+    else:
+        return pd.NA
+    return later["resumed_from"].iloc[0] if len(later) else pd.NA
+
+
 def interruptions(att: pd.DataFrame) -> pd.DataFrame:
     """One row per interrupted attempt (:data:`INTERRUPTION_COLUMNS`).
 
@@ -377,6 +398,7 @@ def interruptions(att: pd.DataFrame) -> pd.DataFrame:
     logged step; ``queue_wait_s`` = the next attempt's submit (requeue) to start.
     """
     rows = []
+    firsts = att.sort_values(["start", "attempt"], kind="stable").drop_duplicates("job")  # each job's first attempt
     for job, grp in att.groupby("job", sort=False):
         grp = grp.sort_values("attempt")
         recs = list(grp.itertuples())
@@ -386,7 +408,7 @@ def interruptions(att: pd.DataFrame) -> pd.DataFrame:
                 continue
             cause = r.cause if isinstance(r.cause, str) else "unknown"
             when = r.end if pd.notna(r.end) else r.last_step_time
-            resumed = nxt.resumed_from if nxt is not None else pd.NA
+            resumed = nxt.resumed_from if nxt is not None else _resubmission_resume(firsts, job, r.start)
             lost = (int(r.last_step) - int(resumed)) if pd.notna(r.last_step) and pd.notna(resumed) else pd.NA
             lost = max(lost, 0) if lost is not pd.NA else pd.NA
             gpus = r.gpus if pd.notna(r.gpus) else np.nan

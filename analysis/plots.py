@@ -16,7 +16,7 @@ CAUSE_COLORS = {
     "time_limit": "tab:blue", "preemption": "tab:purple", "node_failure": "tab:red",
     "nccl_timeout": "tab:orange", "oom": "tab:brown", "nan": "tab:pink", "xid": "darkred",
     "hang": "tab:olive", "crash": "tab:red", "user_cancel": "tab:gray", "user_stop": "tab:green",
-    "user_requeue": "tab:cyan", "unknown": "black",
+    "user_requeue": "tab:cyan", "node_exclusion": "gold", "unknown": "black",
 }
 
 

@@ -91,10 +91,10 @@ def live_alerts(ev: Optional[pd.DataFrame]) -> pd.DataFrame:
         k = r["event"]
         if k == "hang":
             what = (f"{r.get('deadline')} deadline ({r.get('arithmetic')}); suspects "
-                    + ", ".join(f"rank {s.get('rank')} on {s.get('host')}" for s in (r.get("suspects") or []))
+                    + ", ".join(f"rank {_rank(s.get('rank'))} on {s.get('host')}" for s in (r.get("suspects") or []))
                     + f"; stacks {r.get('stacks')}")
         elif k == "straggler":
-            what = (f"rank {r.get('rank_slow')} on {r.get('host_slow')}: {_f(r.get('ratio'))}x the median compute "
+            what = (f"rank {_rank(r.get('rank_slow'))} on {r.get('host_slow')}: {_f(r.get('ratio'))}x the median compute "
                     f"time over {r.get('steps')} steps")
         elif k == "regression":
             what = (f"median step {_f(r.get('step_s'))} s vs baseline {_f(r.get('baseline_s'))} s "
@@ -108,6 +108,12 @@ def live_alerts(ev: Optional[pd.DataFrame]) -> pd.DataFrame:
         rows.append({"ts": r.get("ts"), "job_id": r.get("job_id"), "restart_count": r.get("restart_count"),
                      "event": k, "step": r.get("step"), "what": what})
     return pd.DataFrame(rows, columns=cols)
+
+
+def _rank(v) -> str:
+    """A rank (or attempt) as an integer: pandas carries them as floats next to a missing value ("rank 2.0")."""
+    x = _num(v)
+    return "?" if x is None else (str(int(x)) if float(x).is_integer() else str(v))
 
 
 def _f(v) -> str:
@@ -316,7 +322,8 @@ def s_validation(s: dict) -> pd.DataFrame:
 def run_blocks(name: str, s: dict, res: dict, args: argparse.Namespace, mfu_reason: str,
                figures: list) -> list[tuple]:
     """The section of one run: key numbers, interruptions, throughput per attempt, figures."""
-    strag = [f"job {r['job']} attempt {r['attempt']} rank {r['rank']} ({num(r['ratio'])}x)" for r in s["stragglers"]]
+    strag = [f"job {r['job']} attempt {_rank(r['attempt'])} rank {_rank(r['rank'])} ({num(r['ratio'])}x)"
+             for r in s["stragglers"]]
     mfu = f"median MFU {pct(s['mfu'])}, HFU {pct(s['hfu'])}" if s["mfu"] is not None else f"MFU n/a ({mfu_reason})"
     tflops = f"{num(s['tflops_per_gpu'])} TFLOP/s/GPU" if s["tflops_per_gpu"] is not None else ""
     tokens = f"{num(s['tokens_per_s'])} tokens/s" if s["tokens_per_s"] is not None else ""

@@ -23,15 +23,17 @@ import re
 
 import pandas as pd
 
-__all__ = ["CAUSES", "candidate_lines", "CAUSE_PRIORITY", "DECIDED_CAUSES", "SIGNATURE_COLUMNS", "parse_signature_text", "slurm_reason_cause"]
+__all__ = ["CAUSES", "EXCLUSION_CAUSE", "candidate_lines", "CAUSE_PRIORITY", "DECIDED_CAUSES", "SIGNATURE_COLUMNS", "parse_signature_text", "slurm_reason_cause"]
 
 CAUSES = [
     "time_limit", "preemption", "node_failure", "nccl_timeout", "oom", "nan", "xid", "hang", "crash",
-    "user_cancel", "user_stop", "user_requeue", "unknown",
+    "user_cancel", "user_stop", "user_requeue", "node_exclusion", "unknown",
 ]
+# An attempt that landed on a recorded failed node and requeued away before training (recovery/exclusion.py).
+EXCLUSION_CAUSE = "node_exclusion"
 # Most specific root cause first.
 CAUSE_PRIORITY = ["node_failure", "xid", "oom", "nan", "nccl_timeout", "hang", "crash", "preemption", "time_limit",
-                  "user_requeue", "user_stop", "user_cancel", "unknown"]
+                  "user_requeue", "user_stop", "user_cancel", "node_exclusion", "unknown"]
 # Causes the ranks decided themselves from Slurm's own answer at the stop (the event log's ``stop``
 # reason, recovery/stop.py): they name the attempt's cause over any guess from logs or sacct.
 DECIDED_CAUSES = ("user_cancel", "user_stop", "user_requeue", "preemption", "time_limit", "node_failure")

@@ -76,6 +76,7 @@ NODE_FAILURE = "node_failure"
 UNDECIDED = "undecided"
 LOCAL_SIGNAL = "local_signal"
 REQUEUE_SIGNAL = "requeue_signal"  # SIGUSR2 whose timing could not be read: requeue, cause unknown
+NODE_EXCLUSION = "node_exclusion"  # not a stop: an attempt on a recorded failed node requeued away (recovery/exclusion)
 
 WARNING_SLACK_S = 60.0  # Slurm checks time limits about every 30 s: the warning can come that early
 QUERY_WAIT_S = 100.0  # at worst scontrol (60 s) then sacct (30 s), recovery.slurm's timeouts

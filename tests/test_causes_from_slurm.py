@@ -7,6 +7,7 @@ import json
 import signal
 from datetime import datetime, timedelta
 
+import pandas as pd
 import pytest
 from fake_slurm import FakeSlurm
 
@@ -168,3 +169,63 @@ def test_without_a_stop_signal_or_an_answer_a_crash_stays_a_crash(tmp_path):
     assert _broken_by_the_stop_signal(_ctx(tmp_path, signal.SIGTERM), RuntimeError("x"),
                                       _make_judge(unexplained)) is None
     assert not (tmp_path / "events.jsonl").exists()
+
+
+def test_ranks_print_as_integers_in_the_report():
+    import pandas as pd
+
+    from analysis.report import _rank, live_alerts
+
+    assert (_rank(2.0), _rank(3), _rank("1"), _rank(None), _rank(float("nan"))) == ("2", "3", "1", "?", "?")
+    ev = pd.DataFrame([
+        {"ts": pd.Timestamp("2026-01-01"), "job_id": "5", "restart_count": 0, "event": "straggler", "step": 9,
+         "rank_slow": 2.0, "host_slow": "n2", "ratio": 1.8, "steps": 20},
+        {"ts": pd.Timestamp("2026-01-01"), "job_id": "5", "restart_count": 0, "event": "hang", "step": 9,
+         "deadline": "step", "arithmetic": "3 x 2 s", "suspects": [{"rank": 1.0, "host": "n1"}], "stacks": "d"}])
+    text = " ".join(live_alerts(ev)["what"])
+    assert "rank 2 on n2" in text and "rank 1 on n1" in text and ".0 on" not in text
+
+
+def test_exclusion_requeue_has_its_own_cause_and_steps_lost_span_a_resubmission():
+    """Job 100: attempt 0 trains to step 5 and dies with its node; attempt 1 lands on that (recorded) node and
+    requeues away at once; attempt 2 resumes from 5, trains to 10 and is drained at step 10 with its last save at
+    step 8 (then job 200, the resubmission, resumes from 8: 2 steps lost across the resubmission)."""
+    from analysis.interruptions import build_attempts, interruptions
+    from analysis.parse_events import parse_events_text
+    from analysis.parse_megatron import parse_iteration_text
+
+    def t(minutes):
+        return _at(minutes).timestamp()
+
+    def iters(job, first, last, start_min):
+        text = "\n".join(_line(s, _at(start_min + (s - first + 1) / 6)) for s in range(first, last + 1))
+        return parse_iteration_text(text, source=f"logs/{job}_0.out", job_id=job, offsets=True)[0]
+
+    it = pd.concat([iters("100", 1, 5, 0), iters("100", 6, 10, 7), iters("200", 9, 12, 20)], ignore_index=True)
+    recs = [
+        {"time": t(0.1), "event": "job_start", "job_id": "100", "restart_count": 0},
+        {"time": t(6.1), "event": "exclude", "job_id": "100", "restart_count": 1, "hosts": ["stn1"],
+         "bad_here": ["stn1"], "ok": True, "detail": "requeued excluding stn1"},
+        {"time": t(7.0), "event": "job_start", "job_id": "100", "restart_count": 2},
+        {"time": t(7.0), "event": "resume", "job_id": "100", "restart_count": 2, "step": 5},
+        {"time": t(9.0), "event": "stop", "job_id": "100", "restart_count": 2, "reason": "user_stop", "requeue": False,
+         "step": 10, "evidence": "stop request file"},
+        {"time": t(9.0), "event": "exit", "job_id": "100", "restart_count": 2, "reason": "stopped", "step": 10},
+        {"time": t(20.0), "event": "job_start", "job_id": "200", "restart_count": 0},
+        {"time": t(20.0), "event": "resume", "job_id": "200", "restart_count": 0, "step": 8},
+    ]
+    ev, _ = parse_events_text("\n".join(json.dumps(r) for r in recs))
+    hdr = "JobID|JobName|State|ExitCode|Submit|Start|End|Elapsed|NNodes|AllocTRES\n"
+
+    def row(job, state, a, b):
+        return (f"{job}|tron|{state}|0:0|{_at(a):%Y-%m-%dT%H:%M:%S}|{_at(a):%Y-%m-%dT%H:%M:%S}|"
+                f"{_at(b):%Y-%m-%dT%H:%M:%S}|00:01:00|2|gres/gpu=4\n")
+    sacct, _ = parse_slurm.parse_sacct_text(hdr + row("100", "NODE_FAIL", 0, 6) + row("100", "REQUEUED", 6, 6.5)
+                                            + row("100", "COMPLETED", 7, 9) + row("200", "RUNNING", 20, 25))
+    att, _ = build_attempts(it, None, None, ev, sacct, gpus=4, train_iters=30)
+    intr = interruptions(att).set_index(["job", "attempt"])
+    assert intr.loc[("100", 1), "cause"] == "node_exclusion"
+    assert "on recorded failed node(s) stn1" in intr.loc[("100", 1), "evidence"]
+    assert intr.loc[("100", 0), "cause"] == "node_failure"
+    assert int(att.set_index(["job", "attempt"]).loc[("100", 2), "resumed_from"]) == 5  # on the attempt that resumed
+    assert (intr.loc[("100", 2), "cause"], int(intr.loc[("100", 2), "steps_lost"])) == ("user_stop", 2)
