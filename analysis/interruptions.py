@@ -275,6 +275,8 @@ def build_attempts(
                               "resume", "exclude", "job_start"])] if not ev.empty else ev
     if not ev.empty:
         started = set(zip(ev.loc[ev["event"] == "job_start", "job"], ev.loc[ev["event"] == "job_start", "attempt"]))
+        rq = ev[(ev["event"] == "requeue") & (ev["method"] == "scontrol")] if "method" in ev else ev.iloc[0:0]
+        own_requeue = set(zip(rq["job"], rq["attempt"]))
         for r in ev.itertuples():
             # an attempt that landed on a recorded failed node and requeued away before training (recovery/exclusion)
             if (r.event == "exclude" and (r.job, r.attempt) not in started and getattr(r, "ok", None) in (True,)
@@ -294,9 +296,16 @@ def build_attempts(
                     add(r.job, r.attempt, "time_limit",
                         f"event signal {sig} (time-limit warning, or a graceful scancel --signal=USR2)")
                 elif sig == "SIGTERM" and _requeued(att, r.job, r.attempt):
-                    # SIGTERM is preemption or scancel (recovery/policy.py); a scancelled job
-                    # is not requeued (sacct CANCELLED), a preempted one comes back
-                    add(r.job, r.attempt, "preemption", "event signal SIGTERM, then requeued (preemption)")
+                    # SIGTERM is preemption, scancel or `scontrol requeue` (recovery/policy.py); a scancelled job
+                    # is not requeued (sacct CANCELLED), a preempted one comes back with its attempt PREEMPTED in
+                    # sacct -D, one requeued by a user or an admin with it REQUEUED and no requeue of the ranks'
+                    # own (ranks that save in a preemption's grace time and requeue also leave it REQUEUED)
+                    if (_sacct_state(att, r.job, r.attempt) == "REQUEUED"
+                            and (r.job, r.attempt) not in own_requeue):
+                        add(r.job, r.attempt, "user_requeue", "event signal SIGTERM, then sacct REQUEUED, not "
+                                                              "PREEMPTED (scontrol requeue by a user or an admin)")
+                    else:
+                        add(r.job, r.attempt, "preemption", "event signal SIGTERM, then requeued (preemption)")
             elif r.event == "stop" and str(getattr(r, "reason", "")) in ("crash", "hang", "nan"):
                 add(r.job, r.attempt, str(r.reason), f"event stop {r.reason}")
             elif r.event == "hang":
@@ -370,6 +379,13 @@ def _requeued(att: pd.DataFrame, job: str, attempt) -> bool:
     if row.empty or str(row["state"].iloc[0]) == "CANCELLED":
         return False
     return bool((a["attempt"] > attempt).any()) or str(row["state"].iloc[0]) in ("REQUEUED", "PREEMPTED")
+
+
+def _sacct_state(att: pd.DataFrame, job: str, attempt) -> str:
+    """The attempt's sacct -D state ('' without accounting)."""
+    row = att[(att["job"] == job) & (att["attempt"] == attempt)]
+    v = row["state"].iloc[0] if len(row) else None
+    return v.split()[0] if isinstance(v, str) else ""
 
 
 def _last_attempt(att: pd.DataFrame, job: str):

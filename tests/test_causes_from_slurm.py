@@ -229,3 +229,33 @@ def test_exclusion_requeue_has_its_own_cause_and_steps_lost_span_a_resubmission(
     assert intr.loc[("100", 0), "cause"] == "node_failure"
     assert int(att.set_index(["job", "attempt"]).loc[("100", 2), "resumed_from"]) == 5  # on the attempt that resumed
     assert (intr.loc[("100", 2), "cause"], int(intr.loc[("100", 2), "steps_lost"])) == ("user_stop", 2)
+
+
+@pytest.mark.parametrize("own_requeue,state,cause", [
+    (False, "REQUEUED", "user_requeue"),  # `scontrol requeue` by an admin: killed before any stop event
+    (True, "REQUEUED", "preemption"),  # the ranks saved in a preemption's grace time and requeued themselves
+    (False, "PREEMPTED", "preemption"),  # the grace time ran out: Slurm requeued the preempted job
+])
+def test_a_sigterm_then_requeued_attempt_is_named_from_sacct_and_the_ranks_own_requeue(own_requeue, state, cause):
+    from analysis.interruptions import build_attempts, interruptions
+    from analysis.parse_events import parse_events_text
+    from analysis.parse_megatron import parse_iteration_text
+
+    text = "\n".join(_line(s, _at(s / 6)) for s in range(1, 6)) + "\n" + \
+        "\n".join(_line(s, _at(3 + s / 6)) for s in range(3, 31))
+    it, _ = parse_iteration_text(text, source="logs/100_0.out", job_id="100", offsets=True)
+    base = _at(0).timestamp()
+    recs = [{"time": base + 1, "event": "job_start", "job_id": "100", "restart_count": 0},
+            {"time": base + 50, "event": "signal", "job_id": "100", "restart_count": 0, "signal": "SIGTERM", "step": 5}]
+    if own_requeue:
+        recs.append({"time": base + 55, "event": "requeue", "job_id": "100", "restart_count": 0, "method": "scontrol"})
+    recs.append({"time": base + 180, "event": "job_start", "job_id": "100", "restart_count": 1})
+    ev, _ = parse_events_text("\n".join(json.dumps(r) for r in recs))
+    hdr = "JobID|JobName|State|ExitCode|Submit|Start|End|Elapsed|NNodes|AllocTRES\n"
+    sacct, _ = parse_slurm.parse_sacct_text(
+        hdr + f"100|tron|{state}|0:0|{_at(0):%Y-%m-%dT%H:%M:%S}|{_at(0):%Y-%m-%dT%H:%M:%S}|"
+              f"{_at(1):%Y-%m-%dT%H:%M:%S}|00:01:00|2|gres/gpu=4\n"
+        f"100|tron|COMPLETED|0:0|{_at(2):%Y-%m-%dT%H:%M:%S}|{_at(3):%Y-%m-%dT%H:%M:%S}|"
+        f"{_at(9):%Y-%m-%dT%H:%M:%S}|00:06:00|2|gres/gpu=4\n")
+    att, _ = build_attempts(it, None, None, ev, sacct, gpus=4, train_iters=30)
+    assert interruptions(att)["cause"].tolist() == [cause]

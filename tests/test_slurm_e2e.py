@@ -688,9 +688,10 @@ def test_admin_scontrol_requeue_is_a_user_requeue(scenarios: Dict[str, Future], 
     run = result(scenarios, "admin_requeue")
     assert states(run) == ["REQUEUED", "COMPLETED"], run.logs()
     first = [e for e in run.events() if e.get("restart_count") == 0]
-    stops = [e for e in first if e["event"] == "stop"]
-    assert stops and stops[-1]["reason"] == "user_requeue", run.logs()
-    assert "Slurm already requeued the job" in stops[-1]["evidence"], stops[-1]
+    # the ranks name it when their stop save fits in KillWait (5 s here; under load it may not, and then the
+    # report names it from sacct: REQUEUED, not PREEMPTED, and no requeue of the ranks' own)
+    for stop in [e for e in first if e["event"] == "stop"]:
+        assert stop["reason"] == "user_requeue" and "Slurm already requeued the job" in stop["evidence"], stop
     for e in run.of("requeue"):
         assert "failed" not in str(e.get("detail")) and "pending execution" not in str(e.get("detail")), e
     causes = report_causes(slurm_cluster, run, tmp_path / "report")
