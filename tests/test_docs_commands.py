@@ -196,13 +196,8 @@ for _c in RUNNABLE:
 # Documented behaviour the product does not have yet, each with the change that brings it (an entry is removed
 # when that change lands; non-strict, so the change's own merge is not blocked by this list)
 KNOWN_GAPS = {
-    "launch/stop.py runs/llama70b": "issue 25: stop.py on a complete run still writes stop.json and exits 0 "
-                                    "until it says 'nothing to stop' (exit 3)",
     "parallelism.tp=8 training.global_batch_size=1001": "issue 25: data=mock on a multi-node job is still refused "
                                                         "(a third problem) until it becomes a warning",
-    "launch/stop.py runs/llama70b at_step=5000": "stop.py writes no stop.json on a complete run (exit 3, nothing "
-                                                  "to stop) and the fixture run is complete: the example needs a "
-                                                  "run that is still running, or `# exit 3`",
 }
 
 
