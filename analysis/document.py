@@ -109,33 +109,82 @@ def readable(df: pd.DataFrame, max_rows: int = 50) -> pd.DataFrame:
     return pd.DataFrame({_header(c): [_cell(c, v) for v in df[c].tolist()] for c in df.columns})
 
 
+_MD_SPECIAL = "\\`*_{}[]<>()#+!|~"  # what Markdown (CommonMark, GFM tables) may read as markup, escaped with '\\'
+
+
+def md(text: Any) -> str:
+    """``text`` as literal Markdown text: no raw HTML, link, image, emphasis or table cell can come out of it.
+
+    Every string the report shows may come from a user or a log (a run directory's name, an event's
+    ``reason`` or ``host``, a hang's suspects), so ``<`` ``>`` ``&`` become entities (a Markdown viewer
+    that renders HTML shows them as text) and Markdown's punctuation is backslash-escaped; a line break
+    becomes a space, so a value cannot start a new block.
+    """
+    s = " ".join(str(text).splitlines())
+    s = "".join(("\\" + ch) if ch in _MD_SPECIAL else ch for ch in s)
+    return s.replace("&", "&amp;").replace("\\<", "&lt;").replace("\\>", "&gt;")
+
+
 def to_markdown(blocks: Iterable[tuple]) -> str:
+    """The blocks as Markdown; every text is escaped with :func:`md` (the markup is only this function's own)."""
     out: list[str] = []
     for b in blocks:
         kind = b[0]
         if kind == "h":
-            out += ["#" * b[1] + " " + b[2], ""]
+            out += ["#" * b[1] + " " + md(b[2]), ""]
         elif kind == "cards":
-            out += [f"- **{label}**: {value}" + (f" ({note})" if note else "") for label, value, note in b[1]] + [""]
+            out += [f"- **{md(label)}**: {md(value)}" + (f" ({md(note)})" if note else "")
+                    for label, value, note in b[1]] + [""]
         elif kind == "ul":
-            out += [f"- {item}" for item in b[1]] + [""]
+            out += [f"- {md(item)}" for item in b[1]] + [""]
         elif kind == "p":
-            out += [b[1], ""]
+            out += [md(b[1]), ""]
         elif kind == "table":
             df = readable(b[1])
             if b[2]:
-                out += [f"*{b[2]}*", ""]
+                out += [f"*{md(b[2])}*", ""]
             if df.empty:
                 out += ["_none_", ""]
                 continue
-            out.append("| " + " | ".join(df.columns) + " |")
+            out.append("| " + " | ".join(md(c) for c in df.columns) + " |")
             out.append("|" + "---|" * len(df.columns))
-            out += ["| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |"
-                    for row in df.itertuples(index=False)]
+            out += ["| " + " | ".join(md(v) for v in row) + " |" for row in df.itertuples(index=False)]
             out.append("")
         elif kind == "img":
-            out += [f"![{Path(b[1]).stem}]({Path(b[1]).name})", "", f"*{b[2]}*", ""]
+            out += [f"![{md(Path(b[1]).stem)}](<{md_url(Path(b[1]).name)}>)", "", f"*{md(b[2])}*", ""]
     return "\n".join(out) + "\n"
+
+
+def md_url(name: str) -> str:
+    """A file name as a Markdown link destination: percent-encoded, so it cannot close the link or carry a scheme."""
+    from urllib.parse import quote
+
+    return quote(name, safe="._-")
+
+
+_FORMULA_LEAD = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_cell(v: Any) -> Any:
+    """A text cell a spreadsheet would run as a formula (``=``, ``+``, ``-``, ``@``, tab, CR first) gets a
+    leading ``'``; numbers, and text that reads as a number (``-1.5``), stay as they are."""
+    if not isinstance(v, str) or not v.startswith(_FORMULA_LEAD):
+        return v
+    try:
+        float(v)
+        return v
+    except ValueError:
+        return "'" + v
+
+
+def csv_safe(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with every text cell passed through :func:`csv_cell` (numeric columns untouched)."""
+    out = df.copy()
+    for col in out.columns:
+        if out[col].dtype == object or pd.api.types.is_string_dtype(out[col].dtype):
+            out[col] = out[col].map(csv_cell)
+    out.columns = [csv_cell(str(c)) for c in out.columns]
+    return out
 
 
 _CSS = """

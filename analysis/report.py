@@ -26,9 +26,10 @@ from analysis.load import RunInputs, load_paths
 from analysis.mfu import (
     RunShape, attempt_summary, layout_label, layout_summary, regression_flags, shape_from_config, step_metrics, straggler_flags,
 )
-from analysis.document import counts, num, pct, to_html, to_markdown
+from analysis.document import counts, csv_safe, num, pct, to_html, to_markdown
 from analysis.plots import plot_goodput, plot_loss_by_step, plot_mfu_by_layout, plot_timeline
 from analysis.signatures import CAUSES
+from launch.paths import RunDirError, given_run_dir
 
 __all__ = ["main", "analyze_run", "ITERATIONS_CSV_COLUMNS"]
 
@@ -180,6 +181,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=int, default=20, help="rolling window (logged steps) for regressions")
     ap.add_argument("--threshold", type=float, default=0.10, help="slow-down that counts as a regression")
     args = ap.parse_args(argv)
+    problem = _option_problem(args)
+    if problem:
+        print(f"report: {problem}", file=sys.stderr)
+        return 2
+    try:  # the run-directory rule of every entry point (launch/paths.py): resolved, so the report names them
+        args.paths = [str(given_run_dir(p, "input path")) for p in args.paths]
+    except RunDirError as exc:
+        print(f"report: {exc}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     problem = _out_problem(out)
     if problem:
@@ -242,10 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     all_it = pd.concat(its, ignore_index=True) if its else pd.DataFrame()
     all_it = all_it.rename(columns={"job": "_job"})
     all_it["job_id"] = all_it["job_id"].fillna(all_it["_job"]) if "_job" in all_it else all_it.get("job_id")
-    all_it.reindex(columns=ITERATIONS_CSV_COLUMNS).to_csv(out / "iterations.csv", index=False)
+    csv_safe(all_it.reindex(columns=ITERATIONS_CSV_COLUMNS)).to_csv(out / "iterations.csv", index=False)
     all_intr = pd.concat(intrs, ignore_index=True) if intrs else pd.DataFrame()
     cols = ["run"] + [c for c in all_intr.columns if c != "run"]
-    all_intr.reindex(columns=cols).to_csv(out / "interruptions.csv", index=False)
+    csv_safe(all_intr.reindex(columns=cols)).to_csv(out / "interruptions.csv", index=False)
     lay = pd.concat(layouts, ignore_index=True) if layouts else pd.DataFrame()
     lay_median = lay.groupby("layout", as_index=False).median(numeric_only=True) if not lay.empty else lay
     mfu_reason = "; ".join(sorted(set(mfu_reasons))) if len(mfu_reasons) == len(runs) else ""
@@ -344,6 +354,19 @@ def run_blocks(name: str, s: dict, res: dict, args: argparse.Namespace, mfu_reas
         ("h", 3, "Throughput per attempt"),
         ("table", res["by_attempt"], "median over each attempt's steady steps"),
     ] + [("img", path, caption) for path, caption in figures]
+
+
+def _option_problem(args: argparse.Namespace) -> str | None:
+    """The first option out of its range, as one line (field, value, fix), or None."""
+    if args.window < 1:
+        return (f"--window {args.window}: the rolling window is a number of logged steps, at least 1; "
+                "fix: --window 20 (the default)")
+    if not math.isfinite(args.threshold) or args.threshold <= 0:
+        return (f"--threshold {args.threshold}: the slow-down that counts as a regression must be a finite "
+                "fraction > 0; fix: --threshold 0.10 (10%, the default)")
+    if args.num_gpus is not None and args.num_gpus < 1:
+        return f"--num-gpus {args.num_gpus}: the world size is at least 1; fix: --num-gpus N with N the GPUs of the run"
+    return None
 
 
 def _out_problem(out: Path) -> str | None:

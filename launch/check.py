@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 from analysis import flops
 from launch import check_data, check_watch, planner, vocab
 from launch.config import CHOICES, Job
+from launch.paths import NAME_MAX, run_dir_issue, run_name_issue, run_root_issue  # noqa: F401
 from launch.layout_rules import batch, features, has_size_errors, layout_problems, mesh, model_split, positive_sizes
 from launch.problems import Problem
 from launch.tokenizer import get_tokenizer
@@ -83,8 +84,8 @@ def check(job: Job, *, path_exists: Callable[[str], bool] = os.path.exists,
                  _time, _cluster, _numbers, _strings, check_watch.problems):
         problems.extend(rule(job))
     problems.extend(check_data.problems(job, path_exists, read_index, load_tokenizer))
-    if not has_size_errors(problems):
-        problems.extend(_collaborators(job))
+    if not has_size_errors(problems) and not any(p.field in _PLANNER_DIVISORS for p in problems):
+        problems.extend(_collaborators(job))  # the planner's guards divide by the rates: not with a 0 or nan one
     return problems
 
 
@@ -271,6 +272,12 @@ def _cluster(job: Job) -> list[Problem]:
     return out
 
 
+_PLANNER_DIVISORS = ("cluster.nvlink_bandwidth_gbs", "cluster.ib_bandwidth_gbs", "cluster.fs_write_bandwidth_gbs",
+                     "cluster.node_mtbf_hours", "cluster.gpu_memory_gb", "cluster.achievable_fraction",
+                     "cluster.nvlink_latency_us", "cluster.ib_latency_us", "cluster.kernel_launch_us",
+                     "cluster.step_overhead_s", "cluster.step_jitter")
+
+
 def _numbers(job: Job) -> list[Problem]:
     """Rates, fractions and learning rates the planner and the optimizer divide by or multiply with."""
     c, t = job.cluster, job.training
@@ -315,7 +322,17 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-NAME_MAX = 255  # bytes in one path component on Linux filesystems (ext4, xfs, Lustre, NFS)
+def run_dir_problems(job: Job) -> list[Problem]:
+    """Each part of the run directory the one rule (:mod:`launch.paths`) refuses: run.name, then run.dir or
+    cluster.run_root. ``str(p.message + '; fix: ' + p.fix)`` is the one line the CLIs print."""
+    out = []
+    name = run_name_issue(job.run.name)
+    if name:
+        out.append(Problem("run.name", name[0], fix=name[1]))
+    where = run_dir_issue(job.run.dir) if job.run.dir else run_root_issue(job.cluster.run_root)
+    if where:
+        out.append(Problem("run.dir" if job.run.dir else "cluster.run_root", where[0], fix=where[1]))
+    return out
 
 
 def _strings(job: Job) -> list[Problem]:
@@ -323,7 +340,7 @@ def _strings(job: Job) -> list[Problem]:
     the directive and start a shell line. Refuse them here instead of rendering garbage."""
     c, r = job.cluster, job.run
     single_line = {
-        "run.name": r.name, "run.dir": r.dir, "cluster.run_root": c.run_root, "cluster.partition": c.partition,
+        "cluster.partition": c.partition,
         "cluster.account": c.account, "cluster.qos": c.qos, "cluster.exclude": c.exclude,
         "cluster.python": c.python, "cluster.checkpoint_root": c.checkpoint_root,
         "cluster.container.image": c.container.image, "cluster.container.workdir": c.container.workdir,
@@ -338,14 +355,7 @@ def _strings(job: Job) -> list[Problem]:
         if "\n" in value or "\r" in value or "\0" in value:
             out.append(Problem(name, "must be a single line (it is rendered into an #SBATCH line or a path)",
                                f"{name} = {value!r} contains a newline or NUL", f"remove the newline from {name}"))
-    name = r.name
-    if not name or "/" in name or name in (".", ".."):
-        out.append(Problem("run.name", "must be a plain directory name", f"run.name = {name!r}",
-                           "set run.name=<letters, digits, - _ .> without '/'"))
-    elif len(name.encode("utf-8")) > NAME_MAX:
-        out.append(Problem("run.name", "too long for a directory name on the filesystem",
-                           f"{len(name.encode('utf-8'))} bytes > NAME_MAX {NAME_MAX}",
-                           f"use a run.name of at most {NAME_MAX} bytes"))
+    out.extend(run_dir_problems(job))
     if not c.python.strip():
         out.append(Problem("cluster.python", "the compute-node interpreter is empty", "cluster.python = ''",
                            "set cluster.python=python3"))

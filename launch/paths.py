@@ -26,9 +26,11 @@ that share a checkpoint root never share a checkpoint directory (and the directo
 """
 from __future__ import annotations
 
+import os
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
+from typing import Optional, Union
 
 PathLike = Union[str, Path]
 
@@ -49,6 +51,136 @@ DATA_CACHE = "data_cache"
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 STAGING_SUFFIX = ".tmp"
+
+
+NAME_MAX = 255  # bytes in one path component on Linux filesystems (ext4, xfs, Lustre, NFS)
+NAME_FIX = "set run.name=<at most 255 bytes of letters, digits, - _ .> (no '/', '..', '%' or control characters)"
+
+
+class RunDirError(ValueError):
+    """A run name, run root or run directory that no entry point accepts; ``str()`` is one line with the fix."""
+
+
+def _control(text: str) -> Optional[str]:
+    """The first control character of ``text`` (C0, DEL, C1, or a Unicode format/line separator), as ``repr``."""
+    for ch in text:
+        if ord(ch) < 32 or 127 <= ord(ch) < 160 or unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp"):
+            return repr(ch) + (" (a newline)" if ch in "\n\r" else "")
+    return None
+
+
+def run_name_issue(name: object) -> Optional[tuple[str, str]]:
+    """Why ``name`` cannot name a run directory (``None``: it can), in one line: what, the arithmetic, the fix.
+
+    The one rule every entry point applies (``pretrain``, ``status``, ``stop``, ``plan``, ``preflight``,
+    ``report``, the resume inspector). The length is checked first, so a name too long for the
+    filesystem is this line and never an ``OSError`` of a later path operation. ``%`` is refused because
+    Slurm expands it in ``--output`` paths but not in the run directory, so the logs would land elsewhere.
+    """
+    if not isinstance(name, str):
+        return f"run.name = {name!r} is not a string", NAME_FIX
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > NAME_MAX:
+        return (f"run.name is {size} bytes ({len(name)} characters) > NAME_MAX {NAME_MAX}, too long for a directory "
+                "name", f"use a run.name of at most {NAME_MAX} bytes")
+    bad = _control(name)
+    if not name.strip():
+        why = "is empty"
+    elif bad:
+        why = f"contains the control character {bad}"
+    elif "/" in name:
+        why = "contains '/' (a run is one directory under cluster.run_root)"
+    elif ".." in name or name == ".":
+        why = "contains '..' or is '.' (it would name a directory outside cluster.run_root)"
+    elif "%" in name:
+        why = "contains '%' (Slurm expands it in the log paths, not in the run directory: the logs would land elsewhere)"
+    else:
+        return None
+    return f"run.name = {name!r} {why}", NAME_FIX
+
+
+def run_root_issue(run_root: object) -> Optional[tuple[str, str]]:
+    """Why ``cluster.run_root`` cannot hold runs (``None``: it can): empty, blank, a control character or ``%``."""
+    if not isinstance(run_root, str) or not run_root.strip():
+        return (f"cluster.run_root = {run_root!r} is empty: the run would land at the filesystem root",
+                "set cluster.run_root=runs (or the shared directory of your runs)")
+    if resolved(run_root) == Path("/"):
+        return (f"cluster.run_root = {run_root!r} is the filesystem root",
+                "set cluster.run_root=runs (or the shared directory of your runs)")
+    bad = _control(run_root)
+    if bad:
+        return f"cluster.run_root = {run_root!r} contains the control character {bad}", "remove it"
+    if "%" in run_root:
+        return (f"cluster.run_root = {run_root!r} contains '%' (Slurm expands it in the log paths, not in the run "
+                "directory)", "choose a directory without '%'")
+    return None
+
+
+def run_dir_issue(run_dir: object, field: str = "run.dir") -> Optional[tuple[str, str]]:
+    """Why an explicit run directory (``run.dir`` or a path on the command line) is refused (``None``: it is not)."""
+    if not isinstance(run_dir, str) or not run_dir.strip():
+        return f"{field} = {run_dir!r} is empty", "give the run directory (e.g. runs/NAME)"
+    bad = _control(run_dir)
+    if bad:
+        return f"{field} = {run_dir!r} contains the control character {bad}", "remove it"
+    if "%" in run_dir:
+        return (f"{field} = {run_dir!r} contains '%' (Slurm expands it in the log paths, not in the run directory)",
+                "choose a directory without '%'")
+    too_long = [part for part in run_dir.split("/") if len(part.encode("utf-8", "surrogatepass")) > NAME_MAX]
+    if too_long:
+        return (f"{field}: the path component {too_long[0][:40]!r}... is {len(too_long[0].encode('utf-8', 'surrogatepass'))}"
+                f" bytes > NAME_MAX {NAME_MAX}", "use shorter directory names")
+    return None
+
+
+def _line(issue: Optional[tuple[str, str]]) -> Optional[str]:
+    return f"{issue[0]}; fix: {issue[1]}" if issue else None
+
+
+def run_name_problem(name: object) -> Optional[str]:
+    """:func:`run_name_issue` as one line (what; fix), or None."""
+    return _line(run_name_issue(name))
+
+
+def run_root_problem(run_root: object) -> Optional[str]:
+    """:func:`run_root_issue` as one line (what; fix), or None."""
+    return _line(run_root_issue(run_root))
+
+
+def run_dir_problem(run_dir: object, field: str = "run.dir") -> Optional[str]:
+    """:func:`run_dir_issue` as one line (what; fix), or None."""
+    return _line(run_dir_issue(run_dir, field))
+
+
+def run_dir_for(run_root: str, name: str, run_dir: str = "") -> Path:
+    """The run directory a job names (``run.dir``, else ``<run_root>/<name>``), absolute and resolved.
+
+    Raises :class:`RunDirError` (one line) for a name, root or directory the rule refuses. With ``run.dir``
+    set, ``run.name`` still names the checkpoints under a checkpoint root, so it must pass the rule too.
+    """
+    problem = run_name_problem(name) or (run_dir_problem(run_dir) if run_dir else run_root_problem(run_root))
+    if problem:
+        raise RunDirError(problem)
+    return resolved(run_dir or os.path.join(run_root, name))
+
+
+def given_run_dir(arg: str, what: str = "run directory") -> Path:
+    """A run directory given on the command line, resolved (``..`` and symlinks followed), so it can be shown.
+
+    Raises :class:`RunDirError` for an empty path, a control character, ``%`` or a component too long.
+    """
+    problem = run_dir_problem(arg, what)
+    if problem:
+        raise RunDirError(problem)
+    return resolved(arg)
+
+
+def resolved(path: PathLike) -> Path:
+    """``path`` made absolute with ``..`` and symlinks resolved as far as it exists (never raises for a missing one)."""
+    try:
+        return Path(os.path.realpath(os.path.expanduser(str(path))))
+    except (OSError, ValueError):
+        return Path(os.path.abspath(str(path)))
 
 
 def checkpoint_dir(run_dir: PathLike, run_name: str, checkpoint_root: str = "") -> Path:

@@ -28,7 +28,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from launch import planner  # noqa: E402
-from launch.check import check, notes, submission_problems  # noqa: E402
+from launch.check import check, notes, run_dir_problems, submission_problems  # noqa: E402
 from launch.cli import interpolation_refusal, job_or_refusal, usage  # noqa: E402,F401 (one refusal path)
 from launch.compose import job_to_yaml, literal_dollars, load_job  # noqa: E402
 from launch.config import Job  # noqa: E402
@@ -287,6 +287,12 @@ def _main(cfg: DictConfig, *, runner: Runner, out: TextIO, err: TextIO, sweep: O
         print(table, file=err)
     if sweep is not None:
         job = member_job(job, sweep)
+    where = run_dir_problems(job)  # first: no path operation may see a name the rule refuses (launch/paths.py)
+    if where:
+        first = where[0]
+        print(f"refused: {first.message}; nothing was written or submitted; fix: {first.fix}", file=err)
+        _outcome(job, sweep, "refused", f"{first.field}: {first.message}")
+        return refused
     run_dir = Path(job.run_dir).absolute()
     problems = check(job)
     problems += shape_problems(job, run_dir)

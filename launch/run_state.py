@@ -29,6 +29,10 @@ _SLURM_STATE = {"PENDING": "pending", "CONFIGURING": "running", "RUNNING": "runn
                 "PREEMPTED": "requeued"}
 
 
+class UnreadableRun(Exception):
+    """A run directory whose own files (``config.yaml``) cannot be read; ``str()`` is one line."""
+
+
 @dataclass
 class RunState:
     """Everything ``status`` shows about one run (JSON-ready)."""
@@ -337,10 +341,12 @@ def _event_gpu_hours(state: RunState, events: list[dict], now: float) -> None:
         t = e.get("time")
         if not isinstance(t, (int, float)):
             continue
+        if not math.isfinite(t):
+            continue
         if e.get("event") == "job_start":
             if start is not None:
                 spans.append((world, last - start))
-            start, world = float(t), int(e.get("world_size") or state.world_size)
+            start, world = float(t), _whole(e.get("world_size")) or state.world_size
         last = float(t)
     if start is None:
         return
@@ -348,13 +354,33 @@ def _event_gpu_hours(state: RunState, events: list[dict], now: float) -> None:
     state.gpu_hours, state.gpu_hours_source = gpu_hours(spans), "events"
 
 
+def _whole(value: object) -> Optional[int]:
+    """An event's step as an int, or None for anything else (a string, ``1e400`` read as inf, nan, a bool)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and (not math.isfinite(value) or not value.is_integer()):
+        return None
+    return int(value)
+
+
+def _finite(value: object) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
 def _from_events(state: RunState, events: list[dict]) -> None:
     # one job_start (rank 0) per attempt; a fresh local launch starts again at restart_count 0 with no job id
     state.attempts = sum(1 for e in events if e.get("event") == "job_start" and (e.get("rank") or 0) == 0)
-    its = [e for e in events if e.get("event") == "iteration" and e.get("step") is not None]
+    raw = [e for e in events if e.get("event") == "iteration" and e.get("step") is not None]
+    its = [e for e in raw if _whole(e.get("step")) is not None]
+    if len(its) < len(raw):
+        bad = next(e.get("step") for e in raw if _whole(e.get("step")) is None)
+        state.warnings.append(f"{len(raw) - len(its)} iteration event(s) in the event log skipped: a step that is "
+                              f"not a whole number (e.g. {str(bad)[:40]!r})")
     if its:
-        state.step = int(its[-1]["step"])
-        secs = sorted(float(e["seconds"]) for e in its[-10:] if e.get("seconds") is not None)
+        state.step = _whole(its[-1]["step"])
+        secs = sorted(x for x in (_finite(e.get("seconds")) for e in its[-10:]) if x is not None)
         if secs:
             state.step_time_s = secs[len(secs) // 2]
         try:
@@ -384,7 +410,14 @@ def gather(run_dir: str | Path, *, runner: Runner = default_runner, clock: Calla
     from recovery.events import read_events_counted, torn_warning
 
     run_dir = Path(run_dir).absolute()
-    job = load_job(RunPaths.of(run_dir).config)
+    config = RunPaths.of(run_dir).config
+    try:
+        job = load_job(config)
+    except Exception as exc:  # binary, empty, malformed or foreign: a file of the run, not a bug of ours
+        why = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise UnreadableRun(f"{config} cannot be read as a run's config.yaml ({type(exc).__name__}"
+                            f"{': ' + why[:160] if why else ''}); repair it from the run's sbatch.sh or "
+                            "submissions, or resubmit with python launch/pretrain.py") from None
     paths = job.paths_at(run_dir)
     c = job.cluster
     state = RunState(run=job.run.name, run_dir=str(run_dir), launcher=c.launcher, world_size=job.world_size,

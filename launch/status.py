@@ -8,7 +8,8 @@ estimate, and the last log lines. The run is named like ``pretrain.py`` names it
 overrides, e.g. ``run.name=NAME`` or ``model=30b cluster=lustre``), or by its directory; a sweep
 id (``<run_root>/sweeps/<id>.jsonl``, or that file) shows every member in one table.
 
-Exit codes: 0 shown, 2 no such run or sweep (one line). Login-node safe: no torch.
+Exit codes: 0 shown, 2 no such run or sweep, or a run name the run-directory rule refuses
+(``launch/paths.py``), 3 the run's ``config.yaml`` or the sweep registry cannot be read (one line each). Login-node safe: no torch.
 """
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ if __package__ in (None, ""):  # python launch/status.py: make the repository im
         p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 from launch.cost import cost_text, unit  # noqa: E402
-from launch.paths import RunPaths  # noqa: E402
+from launch.paths import (  # noqa: E402
+    RunDirError, RunPaths, given_run_dir, resolved, run_dir_for, run_name_issue, run_root_problem)
 from recovery.slurm import default_runner  # noqa: E402
-from launch.run_state import RunState, gather  # noqa: E402
+from launch.run_state import RunState, UnreadableRun, gather  # noqa: E402
 
 EXIT_NO_RUN = 2
+EXIT_UNREADABLE = 3  # the run's own files (config.yaml, the sweep registry) cannot be read
 USAGE = ("usage: python launch/status.py [k=v overrides as for pretrain.py | RUN_DIR | SWEEP_ID] "
          "[--json] [--watch [SECONDS]] [--lines N]")
 
@@ -139,18 +142,35 @@ def format_sweep(rows: list[dict]) -> str:
 
 
 def sweep_rows(registry: Path, *, gather_run: Callable[[Path], RunState]) -> list[dict]:
-    rows = []
-    for line in registry.read_text().splitlines():
+    """One row per member of the sweep registry; raises :class:`UnreadableRun` for a registry that is not text."""
+    try:
+        text = registry.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UnreadableRun(f"sweep registry {registry} is not text (byte {exc.start} is not UTF-8): not a registry "
+                            "launch/pretrain.py -m wrote; give the sweep id of another sweep") from None
+    except OSError as exc:
+        raise UnreadableRun(f"sweep registry {registry} cannot be read: {exc.strerror or exc}") from None
+    rows, odd = [], 0
+    for line in text.splitlines():
         try:
             entry = json.loads(line)
         except ValueError:
+            entry = None
+        if not isinstance(entry, dict) or not isinstance(entry.get("run_name", ""), str) \
+                or not isinstance(entry.get("run_dir", ""), str):
+            odd += bool(line.strip())
             continue
-        row = {"run_name": entry.get("run_name"), "layout": entry.get("layout"), "job_id": entry.get("job_id"),
-               "registry_status": entry.get("status"), "reasons": entry.get("reasons") or []}
+        row = {"run_name": entry.get("run_name") or "?", "layout": str(entry.get("layout") or ""),
+               "job_id": entry.get("job_id"), "registry_status": str(entry.get("status") or ""),
+               "reasons": [str(r) for r in entry.get("reasons") or []] if isinstance(entry.get("reasons"), list)
+               else []}
         run_dir = Path(entry.get("run_dir") or "")
-        if entry.get("status") == "submitted" and RunPaths.of(run_dir).config.exists():
+        if entry.get("status") == "submitted" and entry.get("run_dir") and RunPaths.of(run_dir).config.exists():
             row["status"] = gather_run(run_dir).to_dict()
         rows.append(row)
+    if odd and not rows:
+        raise UnreadableRun(f"sweep registry {registry} holds no member record ({odd} line(s) that are not one): "
+                            "not a registry launch/pretrain.py -m wrote")
     return rows
 
 
@@ -161,11 +181,18 @@ def resolve(args: list[str]) -> tuple[str, Path]:
     if len(names) > 1:
         raise ValueError(f"give one run directory or sweep id, not {names}")
     if names:
-        target = Path(names[0])
+        target = given_run_dir(names[0], "run directory or sweep id")
         if RunPaths.of(target).config.exists():
             return "run", target
         if target.suffix == ".jsonl" and target.is_file():
             return "sweep", target
+        if "/" in names[0]:  # a path, not a sweep id (a sweep id names a file under <run_root>/sweeps/)
+            raise RunDirError(f"no run at {target} (no config.yaml) and not a sweep registry (.jsonl): give a run "
+                              "directory, a sweep id, or run.name=NAME")
+        issue = run_name_issue(names[0])
+        if issue:  # the same rule as a run name: a sweep id names one file under <run_root>/sweeps/
+            raise RunDirError(f"sweep id: {issue[0].replace('run.name', 'the name', 1)}; fix: give the id "
+                              "launch/pretrain.py -m printed, or a run directory")
     from launch.compose import compose_job
 
     try:
@@ -175,12 +202,14 @@ def resolve(args: list[str]) -> tuple[str, Path]:
 
         raise ValueError(override_error_line(exc, overrides).removeprefix("refused: ")) from None
     if names:
-        registry = Path(job.cluster.run_root) / "sweeps" / f"{names[0]}.jsonl"
+        if run_root_problem(job.cluster.run_root):
+            raise RunDirError(run_root_problem(job.cluster.run_root))
+        registry = resolved(Path(job.cluster.run_root) / "sweeps" / f"{names[0]}.jsonl")
         if registry.is_file():
             return "sweep", registry
         raise ValueError(f"{names[0]} is neither a run directory (no config.yaml) nor a sweep id ({registry} "
                          "does not exist)")
-    run_dir = Path(job.run_dir)
+    run_dir = run_dir_for(job.cluster.run_root, job.run.name, job.run.dir)
     if not job.paths_at(run_dir).config.exists():
         raise ValueError(f"no run {job.run.name!r} at {run_dir} (no config.yaml): start it with "
                          f"python launch/pretrain.py {' '.join(overrides)}".rstrip())
@@ -253,6 +282,9 @@ def main(argv: Optional[list[str]] = None, *, runner: Callable[..., Any] = defau
             sleep(opts["watch"])
     except KeyboardInterrupt:
         return 0
+    except UnreadableRun as exc:  # nothing shown yet for this refresh: one line, its own exit code
+        print(f"status: {exc}", file=err)
+        return EXIT_UNREADABLE
 
 
 if __name__ == "__main__":

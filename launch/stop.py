@@ -13,8 +13,9 @@ A run that is complete (its last attempt ended ``completed`` and nothing was sub
 has nothing to stop: one line says so, exit 3, and no ``stop.json`` is written (it would
 only make the next launch clear it).
 
-Exit codes: 0 request written, 2 bad input (no such run, a bad ``at_step``), 3 the run is
-already complete (nothing written). No torch.
+Exit codes: 0 request written, 2 bad input (no such run, a bad ``at_step``, a run name the run-directory
+rule of ``launch/paths.py`` refuses), 3 the run is already complete (nothing written), 4 the stop request
+cannot be written (``stop.json`` is a directory or the run directory is read-only). No torch.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 EXIT_BAD_INPUT = 2
 EXIT_COMPLETE = 3
+EXIT_CANNOT_WRITE = 4  # the run exists but its stop request cannot be written (stop.json a directory, read-only)
 USAGE = """usage: python launch/stop.py run.name=NAME [other overrides as for pretrain.py] [at_step=N]
        python launch/stop.py RUN_DIR [at_step=N]
 
@@ -36,7 +38,7 @@ and ends without a requeue; a requeued attempt that has not started yet honours 
 starts. Submitting the same run again with launch/pretrain.py clears the request and continues it.
 
 exit codes: 0 request written (<run_dir>/stop.json), 2 bad input (no such run, a bad at_step),
-            3 the run is already complete (nothing written)
+            3 the run is already complete (nothing written), 4 stop.json cannot be written
 
 documentation: docs/ (and README.md) in the slurmtron repository"""
 
@@ -78,11 +80,15 @@ def completed_at(last: Optional[dict], submissions: list[dict]) -> Optional[obje
 
 
 def resolve_run_dir(run_dir: Optional[Path], overrides: list[str]) -> Path:
+    """The run directory, resolved; raises ValueError (one line) for a name or path the run-directory rule refuses."""
+    from launch.paths import given_run_dir, run_dir_for
+
     if run_dir is not None:
-        return run_dir.absolute()
+        return given_run_dir(str(run_dir))
     from launch.compose import compose_job
 
-    return Path(compose_job(overrides).run_dir).absolute()
+    job = compose_job(overrides)
+    return run_dir_for(job.cluster.run_root, job.run.name, job.run.dir)
 
 
 def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None, err: Optional[TextIO] = None) -> int:
@@ -108,14 +114,32 @@ def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None, err
         print(f"refused: run directory {run_dir} has no config.yaml: no such run (check run.name / cluster.run_root)",
               file=err)
         return EXIT_BAD_INPUT
-    events = [e for e in read_events(paths.events) if e.get("event") in ("job_start", "exit")]
+    request = paths.stop_request
+    if request.is_symlink() or (request.exists() and not request.is_file()):
+        kind = "a symlink" if request.is_symlink() else "a directory" if request.is_dir() else "not a regular file"
+        print(f"refused: {request} is {kind}, not a stop request; nothing was written (remove it, then run "
+              f"launch/stop.py again)", file=err)
+        return EXIT_CANNOT_WRITE
+    try:
+        events = [e for e in read_events(paths.events) if e.get("event") in ("job_start", "exit")]
+    except OSError:  # the event log only adds a note: its absence or a directory there is no reason to refuse
+        events = []
     last = events[-1] if events else None
-    done = completed_at(last, read_events(paths.submissions))
+    try:
+        submissions = read_events(paths.submissions)
+    except OSError:
+        submissions = []
+    done = completed_at(last, submissions)
     if done is not None:
         print(f"nothing to stop: run {run_dir} is complete (its last attempt ended 'completed' at step {done}); "
               f"no {paths.stop_request.name} written", file=out)
         return EXIT_COMPLETE
-    doc = stopping.request_stop(paths.stop_request, at_step=at_step)
+    try:
+        doc = stopping.request_stop(request, at_step=at_step)
+    except OSError as exc:
+        print(f"refused: cannot write {request}: {exc.strerror or exc}; nothing was written (check the run "
+              f"directory's permissions)", file=err)
+        return EXIT_CANNOT_WRITE
     when = f"once step {at_step} is done" if at_step else "at the next step boundary"
     print(f"stop requested for {run_dir} ({paths.stop_request.name}, by {doc['by']}): the running attempt saves a "
           f"checkpoint {when} and ends without a requeue", file=out)
