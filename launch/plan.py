@@ -20,7 +20,7 @@ if __package__ in (None, ""):  # python launch/plan.py: make the repository impo
 
 from omegaconf import DictConfig  # noqa: E402
 
-from launch.check import check  # noqa: E402
+from launch.check import check, run_dir_problems  # noqa: E402
 from launch.config import Job  # noqa: E402
 from launch.planner import estimate, memory_warnings  # noqa: E402
 from launch.planner.estimate import Estimate  # noqa: E402
@@ -135,6 +135,12 @@ USAGE = usage(
     "exit codes: 0 fits and would be accepted, 1 does not fit or would be refused, 2 bad input")
 
 
+def run_dir_refusal(job: Job) -> str:
+    """The run-directory rule of every entry point (launch/paths.py) as one line, '' when the names pass."""
+    where = run_dir_problems(job)
+    return f"refused: {where[0].message}; fix: {where[0].fix}" if where else ""
+
+
 def option_problem(job: Job) -> str:
     """One line for a bad option of plan.py itself (``plan.top``), '' when there is none."""
     if job.plan.top < 1:
@@ -150,7 +156,7 @@ def main(cfg: Union[DictConfig, Job], out: Callable[[str], None] = print,
         job, refusal = cfg, ""
     else:
         job, refusal = job_or_refusal(cfg, done="nothing was planned")
-    refusal = refusal or option_problem(job)
+    refusal = refusal or option_problem(job) or run_dir_refusal(job)
     if refusal:
         err(refusal)
         return EXIT_REFUSED

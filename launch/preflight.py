@@ -193,7 +193,7 @@ def main(argv: Sequence[str], *, runner: Callable[..., Any] = default_runner,
          env: Optional[Mapping[str, str]] = None, clock: Callable[[], float] = time.monotonic,
          sleep: Callable[[float], None] = time.sleep) -> int:
     """Compose and check the job like pretrain.py, then run the preflight on its layout."""
-    from launch.check import check
+    from launch.check import check, run_dir_problems
     from launch.cli import compose_config, job_or_refusal, override_error_line, wants_help
 
     if wants_help(argv):
@@ -213,6 +213,10 @@ def main(argv: Sequence[str], *, runner: Callable[..., Any] = default_runner,
     job, refusal = job_or_refusal(cfg, done="no preflight was run")  # a +key pretrain.py refuses too
     if job is None:
         print(refusal, file=err)
+        return EXIT_REFUSED
+    where = run_dir_problems(job)  # the run-directory rule of every entry point (launch/paths.py), before any path
+    if where:
+        print(f"refused: {where[0].message}; nothing was written; fix: {where[0].fix}", file=err)
         return EXIT_REFUSED
     opts = job.preflight
     problems = check(job)

@@ -9,7 +9,12 @@ Any other file: one document per non-empty line. Each document ends with the tok
 so the files are byte-identical to a single process's); progress goes to stderr every few seconds.
 The files are written by Megatron-Core's own ``IndexedDatasetBuilder`` (so Megatron's GPT dataset
 and Megatron-LM read them unchanged), first under ``.tmp`` names, renamed when complete: a failed
-run leaves nothing half-written. Needs megatron-core (the ``[train]`` extra) for the builder.
+run leaves nothing half-written. Needs megatron-core (the ``[train]`` extra) for the builder; its known
+import warnings (no Transformer Engine / Apex) are summed up in one note line.
+
+Exit codes: 0 written; 2 bad input (no such input, a line that is not UTF-8 or not the JSON expected, named
+by file and line; an output prefix whose directory is a file, read-only, or whose ``.bin``/``.idx`` is a
+directory); 3 the output could not be written after all (disk full). One line each, nothing written.
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -25,6 +31,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 from launch.tokenizer import TokenizerError, get_tokenizer
 
 EXIT_BAD_INPUT = 2
+EXIT_CANNOT_WRITE = 3  # the output files could not be written (a failure of the filesystem, not of the input)
 PROGRESS_EVERY_S = 5.0
 CHUNK = 64  # documents per task sent to a worker
 
@@ -36,7 +43,11 @@ def iter_documents(path: Path, json_key: str = "text", position: Optional[List[i
         for lineno, raw in enumerate(f, 1):
             if position is not None:
                 position[0] += len(raw)
-            line = raw.decode("utf-8").rstrip("\n")
+            try:
+                line = raw.decode("utf-8").rstrip("\n")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: byte {e.start + 1} of the line ({raw[e.start:e.start + 1]!r}) is "
+                                 "not UTF-8; fix: convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
             if not line.strip():
                 continue
             if path.suffix == ".jsonl":
@@ -50,6 +61,51 @@ def iter_documents(path: Path, json_key: str = "text", position: Optional[List[i
 
 
 _WORKER_TOKENIZER = None
+
+# Megatron-Core warns at import that Transformer Engine and Apex are absent; the dataset builder needs neither
+MEGATRON_IMPORT_WARNINGS = r"Transformer Engine and Apex are not installed"
+
+
+def import_builder(note: Optional[Callable[[str], None]] = None) -> Any:
+    """Megatron-Core's ``IndexedDatasetBuilder``, with its known import warnings (``MEGATRON_IMPORT_WARNINGS``)
+    filtered out and summed up in one ``note`` line, so this tool's own messages are not buried under them."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    hidden = 0
+    for w in seen:
+        if issubclass(w.category, UserWarning) and re.search(MEGATRON_IMPORT_WARNINGS, str(w.message)):
+            hidden += 1
+        else:  # anything else Megatron says is shown as it was
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if hidden and note is not None:
+        note(f"preprocess: note: {hidden} Megatron-Core import warning(s) hidden (Transformer Engine and Apex are not "
+             "installed; the indexed-dataset builder does not use them)")
+    return IndexedDatasetBuilder
+
+
+def output_problem(output_prefix: str) -> Optional[str]:
+    """Why ``output_prefix``.bin/.idx cannot be written (one line with the fix), or None; checked before any work."""
+    prefix = Path(output_prefix)
+    if not prefix.name or output_prefix.endswith("/"):
+        return (f"--output-prefix {output_prefix}: names a directory, not a file prefix; fix: --output-prefix "
+                f"{output_prefix.rstrip('/') or '.'}/corpus")
+    probe = prefix.parent
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"--output-prefix {output_prefix}: {probe} is not a directory; fix: choose another output directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"--output-prefix {output_prefix}: {probe} is not writable; fix: choose a directory you can write"
+    for suffix in (".bin", ".idx", ".bin.tmp", ".idx.tmp"):
+        target = Path(f"{output_prefix}{suffix}")
+        if target.is_symlink() or (target.exists() and not target.is_file()):
+            return (f"--output-prefix {output_prefix}: {target} is occupied by a "
+                    f"{'symlink' if target.is_symlink() else 'directory' if target.is_dir() else 'non-regular file'};"
+                    " fix: remove it or choose another prefix")
+    return None
 
 
 def _init_worker(name: str) -> None:
@@ -97,8 +153,7 @@ def preprocess(input_path: Path, output_prefix: str, tokenizer_name: str = "byte
         with _pool(tokenizer_name, workers) as pool:
             # the workers start tokenizing now, while this process imports megatron-core (torch: seconds)
             encoded = _encoded(pool, iter_documents(input_path, json_key, position), tokenizer_name)
-            from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-
+            IndexedDatasetBuilder = import_builder(progress)
             builder = IndexedDatasetBuilder(bin_tmp, dtype=dtype)
             for ids in encoded:
                 builder.add_document(numpy.array(ids, dtype=dtype), [len(ids)])
@@ -145,10 +200,17 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise ValueError(f"--workers {a.workers}: must be >= 1")
         if not a.input.is_file():
             raise ValueError(f"--input {a.input}: no such file")
+        problem = output_problem(a.output_prefix)
+        if problem:
+            raise ValueError(problem)
         n, tokens = preprocess(a.input, a.output_prefix, a.tokenizer, a.json_key, a.workers, progress=err)
     except (TokenizerError, ValueError, UnicodeDecodeError) as e:
         err(f"preprocess: {e}; nothing written")
         return EXIT_BAD_INPUT
+    except OSError as e:  # the output could not be written after all (disk full, permissions changed)
+        err(f"preprocess: cannot write {a.output_prefix}.bin/.idx: {e.strerror or e}"
+            f"{' (' + str(e.filename) + ')' if e.filename else ''}; nothing written")
+        return EXIT_CANNOT_WRITE
     tok = get_tokenizer(a.tokenizer)
     print(f"wrote {n} documents, {tokens} tokens to {a.output_prefix}.bin/.idx "
           f"(tokenizer {a.tokenizer}: vocabulary {tok.vocab_size}, EOD {tok.eod}; set model.vocab_size="

@@ -476,7 +476,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     if len(args) != 1 or args[0].startswith("-"):
         print("usage: python -m recovery.resume RUN_DIR|CHECKPOINT_ROOT (--help for more)", file=sys.stderr)
         return 2
-    code, text = explain(Path(args[0]))
+    from launch.paths import RunDirError, given_run_dir
+
+    try:  # the run-directory rule of every entry point: resolved, so the verdict names the real directory
+        root = given_run_dir(args[0], "checkpoint directory")
+    except RunDirError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    code, text = explain(root)
     print(text, file=sys.stderr if code == 2 else sys.stdout)
     return code
 
