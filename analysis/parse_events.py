@@ -60,10 +60,18 @@ def parse_events_text(text: str) -> tuple[pd.DataFrame, int]:
         if len(df) else pd.Series(dtype="datetime64[ns]")
     )
     df["job_id"] = df["job_id"].map(lambda v: None if v is None or v != v else str(v))
-    df["restart_count"] = pd.to_numeric(df["restart_count"], errors="coerce").astype("Int64")
-    df["step"] = pd.to_numeric(df["step"], errors="coerce").astype("Int64")
+    df["restart_count"] = _whole(df["restart_count"])
+    df["step"] = _whole(df["step"])
     cols = EVENT_COLUMNS + [c for c in df.columns if c not in EVENT_COLUMNS]
     return df[cols].reset_index(drop=True), skipped
+
+
+def _whole(col: pd.Series) -> pd.Series:
+    """A step or count column as ``Int64``; what is not a whole number a float holds exactly (text, ``1e400``
+    read as inf, nan, 2.5, 1e30) becomes missing instead of ending the report with an OverflowError."""
+    x = pd.to_numeric(col, errors="coerce").astype("float64")
+    x = x.where(x.abs().lt(2.0 ** 53) & x.eq(x.round()))
+    return x.astype("Int64")
 
 
 def _local_tz():

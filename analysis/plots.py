@@ -27,6 +27,12 @@ def _x(m: pd.DataFrame) -> tuple[pd.Series, str]:
     return pd.Series(np.arange(len(m)), index=m.index), "logged step (in log order; no timestamps)"
 
 
+def plain(text: str) -> str:
+    """``text`` shown as it is: a ``$`` (a run name, a GPU name from a config) would start matplotlib's math
+    mode, and a malformed formula there ends the whole report with a parse error."""
+    return str(text or "").replace("$", r"\$")
+
+
 def plot_timeline(m: pd.DataFrame, intr: pd.DataFrame, path: Path, title: str = "") -> Path:
     """Loss and throughput over time, one vertical line per interruption (colour = cause)."""
     m = m.sort_values(["timestamp", "job", "attempt", "seq"], kind="stable", na_position="last").reset_index(drop=True)
@@ -66,7 +72,7 @@ def plot_timeline(m: pd.DataFrame, intr: pd.DataFrame, path: Path, title: str = 
     if seen or ("regressed" in m and m["regressed"].any()):
         a2.legend(fontsize=8, loc="best")
     a2.set_xlabel(xlabel)
-    a1.set_title(title or "loss and throughput; dashed lines: interruptions")
+    a1.set_title(plain(title) or "loss and throughput; dashed lines: interruptions")
     fig.autofmt_xdate()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -83,12 +89,12 @@ def plot_loss_by_step(m: pd.DataFrame, intr: pd.DataFrame, path: Path, title: st
     for i, ((job, attempt), g) in enumerate(m.groupby(["job", "attempt"], sort=False)):
         g = g.sort_values("iteration")
         ax.plot(g["iteration"], g["lm_loss"], ".-", ms=3, lw=0.9, color=colors[i % len(colors)],
-                label=f"job {job} attempt {attempt}")
+                label=plain(f"job {job} attempt {attempt}"))
     if validation is not None and len(validation):
         ax.plot(validation["iteration"], validation["val_loss"], "s", color="black", ms=5, label="validation loss")
     ax.set_xlabel("iteration")
     ax.set_ylabel("lm loss")
-    ax.set_title(title or "lm loss by step")
+    ax.set_title(plain(title) or "lm loss by step")
     if len(m):
         ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
@@ -112,7 +118,7 @@ def plot_goodput(gp: dict, path: Path, title: str = "") -> Path:
     ax.barh(["queue wait"], [qw / 3600], color="tab:gray", label=f"queue wait {qw / 3600:.2f} h")
     g = gp.get("goodput")
     ax.set_xlabel("hours")
-    ax.set_title(title or (f"goodput {g:.1%}" if g is not None else "goodput unknown (no allocation times)"))
+    ax.set_title(plain(title) or (f"goodput {g:.1%}" if g is not None else "goodput unknown (no allocation times)"))
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -136,7 +142,7 @@ def plot_mfu_by_layout(layouts: pd.DataFrame, path: Path, reason: str = "") -> P
         col = "tokens_per_s" if layouts["tokens_per_s"].notna().any() else "tflops_per_gpu"
         ax.bar(layouts["layout"], layouts[col])
         ax.set_ylabel("TFLOP/s/GPU" if col == "tflops_per_gpu" else "tokens/s")
-        ax.set_title(f"no MFU: {reason or 'unknown model shape or GPU'}; {'tokens/s' if col == 'tokens_per_s' else 'TFLOP/s/GPU'}"
+        ax.set_title(f"no MFU: {plain(reason) or 'unknown model shape or GPU'}; {'tokens/s' if col == 'tokens_per_s' else 'TFLOP/s/GPU'}"
                      " shown", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -225,6 +225,7 @@ def test_status_survives_an_event_with_an_infinite_step(runs, tmp_path):
     assert "step 3 / " in out
     assert "WARNING: 1 iteration event(s) in the event log skipped: a step that is not a whole number (e.g. 'inf')" \
         in out
+    assert "log analysis failed" not in out
 
 
 def test_pretrain_cli_refuses_a_dotdot_name_in_one_line(tmp_path):
@@ -250,6 +251,7 @@ def _hostile_run(root: Path, name: str) -> Path:
                "stacks": "<script>alert('stacks')</script>"})
     ev.append({**{k: job[k] for k in ("job_id", "restart_count") if k in job}, "event": "nan", "time": 2e9 + 1,
                "step": 4, "loss": "<b>nan</b>", "grad_norm": "=1+1", "policy": "<script>x</script>"})
+    ev.append({"event": "iteration", "time": 2e9 + 2, "step": 1e400, "restart_count": 1e400})  # json: inf
     (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ev))
     return run
 
@@ -260,6 +262,7 @@ def test_report_md_escapes_run_names_and_event_fields(tmp_path, capsys):
     runs = tmp_path / "runs"
     _hostile_run(runs, XSS)
     _hostile_run(runs, "=HYPERLINK(1)")
+    _hostile_run(runs, "a$\\frac{$b")  # matplotlib's math mode in a plot title: shown as text, not parsed
     out = tmp_path / "out"
     assert report.main([str(runs), "--out", str(out)]) == 0, capsys.readouterr().err
     md = (out / "report.md").read_text()
@@ -275,7 +278,7 @@ def test_report_md_escapes_run_names_and_event_fields(tmp_path, capsys):
     import pandas as pd
 
     its = pd.read_csv(out / "iterations.csv")
-    assert set(its["run"]) == {XSS, "'=HYPERLINK(1)"}  # the formula is text; the other name needs nothing
+    assert set(its["run"]) == {XSS, "'=HYPERLINK(1)", "a$\\frac{$b"}  # the formula is text; the other name needs nothing
     assert its["iteration"].dtype.kind == "i" and its["lm_loss"].dtype.kind == "f"  # numbers stay numbers
     intr = pd.read_csv(out / "interruptions.csv")
     assert not any(str(v).startswith(("=", "+", "@")) for v in intr.astype(str).to_numpy().ravel())
