@@ -47,6 +47,20 @@ def quiet_hydra_overrides(argv: list[str], sweep_id: str, scratch_dir: str = "")
     return [f"{k}={v}" for k, v in wanted.items() if k not in given]
 
 
+def run_root_override_problem(argv: list[str]) -> str:
+    """The run-directory rule's line for a ``cluster.run_root=`` override that is empty or the filesystem root
+    ('' when there is none): Hydra would create a multirun's ``<run_root>/sweeps/<id>/`` there before any check."""
+    from launch.paths import run_root_problem
+
+    for a in argv:
+        key, sep, value = a.lstrip("+~").partition("=")
+        if sep and key == "cluster.run_root" and not value.strip().strip("'\"").strip():
+            return run_root_problem("") or ""
+        if sep and key == "cluster.run_root" and value.strip().strip("'\"").rstrip("/") == "":
+            return run_root_problem("/") or ""
+    return ""
+
+
 def hydra_entry(main: Callable[[DictConfig, str], int], sweep_id: str = "", usage: str = "") -> int:
     """Run ``main(cfg, sweep_id)`` under ``@hydra.main`` with the quiet defaults; its exit status.
 
@@ -71,6 +85,10 @@ def hydra_entry(main: Callable[[DictConfig, str], int], sweep_id: str = "", usag
         print(usage)
         return 0
     argv[1:] = ["--help" if a == "--help-config" else a for a in argv[1:]]
+    problem = run_root_override_problem(argv[1:])
+    if problem:  # before Hydra: a multirun creates its sweep directory under the run root before any check
+        print(f"refused: {problem}; nothing was written", file=sys.stderr)
+        return EXIT_REFUSED
     register_configs()
     sweep_id = sweep_id or new_sweep_id()
     at = next((i for i, a in enumerate(argv) if i and "=" in a and not a.startswith("-")), len(argv))

@@ -228,13 +228,17 @@ def test_status_survives_an_event_with_an_infinite_step(runs, tmp_path):
     assert "log analysis failed" not in out
 
 
-def test_pretrain_cli_refuses_a_dotdot_name_in_one_line(tmp_path):
+@pytest.mark.parametrize("args, fragment", [
+    (["run.name=../escaped"], "run.name = '../escaped' contains '/'"),
+    (["-m", "cluster.run_root=", "run.name=a,b"], "cluster.run_root = '' is empty"),  # before Hydra's sweep dir
+])
+def test_pretrain_cli_refuses_in_one_line(tmp_path, args, fragment):
     """The real command line too (Hydra's own entry glue): one line, exit 2, nothing created."""
     proc = subprocess.run([sys.executable, str(REPO / "launch" / "pretrain.py"), "cluster=local", "model=tiny",
-                           f"cluster.run_root={tmp_path / 'runs'}", "run.name=../escaped"],
+                           f"cluster.run_root={tmp_path / 'runs'}", *args],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr
-    assert "run.name = '../escaped' contains '/'" in proc.stderr
+    assert fragment in proc.stderr, proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
