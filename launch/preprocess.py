@@ -184,7 +184,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         epilog="example:\n"
                "  python -m launch.preprocess --input corpus.jsonl --output-prefix data/corpus\n"
                "  then train on it: python launch/pretrain.py data=indexed data.path=data/corpus\n"
-               "exit codes: 0 written, 2 bad input (nothing written)\n\n"
+               "exit codes: 0 written, 2 bad input (nothing written), 3 the output could not be written\n\n"
                "documentation: docs/ (and README.md) in the slurmtron repository")
     p.add_argument("--input", required=True, type=Path, help="the corpus: .jsonl or plain text")
     p.add_argument("--output-prefix", required=True, help="writes PREFIX.bin and PREFIX.idx")

@@ -46,7 +46,8 @@ examples:
   python launch/status.py runs/tiny --watch 10
   python launch/status.py cluster.run_root=runs 20261202-003216-7291     # a sweep
 options: --json (machine-readable), --watch [SECONDS] (refresh until the run ends), --lines N (log lines)
-exit codes: 0 shown, 2 no such run or sweep
+exit codes: 0 shown, 2 no such run or sweep (or a name the run-directory rule refuses), 3 the run's
+            config.yaml or the sweep registry cannot be read
 
 documentation: docs/ (and README.md) in the slurmtron repository"""
 
