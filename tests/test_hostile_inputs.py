@@ -123,7 +123,7 @@ CASES = (
         ("status", ["cluster.run_root={root}", "odd_sweep"], 3, "holds no member record (3 line(s)"),
         ("status", ["cluster.run_root={root}", "..sweep"], 2, "sweep id: the name = '..sweep' contains '..'"),
         ("status", ["cluster.run_root={root}", "../good"], 2, "no run at"),
-        ("stop", ["{root}/stopdir"], 3, "stop.json is a directory, not a stop request; nothing was written"),
+        ("stop", ["{root}/stopdir"], 4, "stop.json is a directory, not a stop request; nothing was written"),
         ("stop", ["{root}/nothing_here"], 2, "has no config.yaml"),
         ("stop", ["{root}/good", "at_step=0"], 2, "at_step: '0' is not a step number"),
         ("stop", ["{root}/a%j"], 2, "contains '%'"),
