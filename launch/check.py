@@ -324,14 +324,15 @@ def _finite(value: Any) -> bool:
 
 def run_dir_problems(job: Job) -> list[Problem]:
     """Each part of the run directory the one rule (:mod:`launch.paths`) refuses: run.name, then run.dir or
-    cluster.run_root. ``str(p.message + '; fix: ' + p.fix)`` is the one line the CLIs print."""
+    cluster.run_root. ``f'{p.arithmetic}; fix: {p.fix}'`` is the one line the CLIs print."""
     out = []
     name = run_name_issue(job.run.name)
     if name:
-        out.append(Problem("run.name", name[0], fix=name[1]))
+        out.append(Problem("run.name", "not a usable run directory name", name[0], name[1]))
     where = run_dir_issue(job.run.dir) if job.run.dir else run_root_issue(job.cluster.run_root)
     if where:
-        out.append(Problem("run.dir" if job.run.dir else "cluster.run_root", where[0], fix=where[1]))
+        out.append(Problem("run.dir" if job.run.dir else "cluster.run_root", "not a usable run directory", where[0],
+                           where[1]))
     return out
 
 

@@ -84,10 +84,10 @@ def run_name_issue(name: object) -> Optional[tuple[str, str]]:
         return (f"run.name is {size} bytes ({len(name)} characters) > NAME_MAX {NAME_MAX}, too long for a directory "
                 "name", f"use a run.name of at most {NAME_MAX} bytes")
     bad = _control(name)
-    if not name.strip():
-        why = "is empty"
-    elif bad:
+    if bad:
         why = f"contains the control character {bad}"
+    elif not name.strip():
+        why = "is empty"
     elif "/" in name:
         why = "contains '/' (a run is one directory under cluster.run_root)"
     elif ".." in name or name == ".":

@@ -138,7 +138,7 @@ USAGE = usage(
 def run_dir_refusal(job: Job) -> str:
     """The run-directory rule of every entry point (launch/paths.py) as one line, '' when the names pass."""
     where = run_dir_problems(job)
-    return f"refused: {where[0].message}; fix: {where[0].fix}" if where else ""
+    return f"refused: {where[0].arithmetic}; fix: {where[0].fix}" if where else ""
 
 
 def option_problem(job: Job) -> str:

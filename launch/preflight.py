@@ -216,7 +216,7 @@ def main(argv: Sequence[str], *, runner: Callable[..., Any] = default_runner,
         return EXIT_REFUSED
     where = run_dir_problems(job)  # the run-directory rule of every entry point (launch/paths.py), before any path
     if where:
-        print(f"refused: {where[0].message}; nothing was written; fix: {where[0].fix}", file=err)
+        print(f"refused: {where[0].arithmetic}; nothing was written; fix: {where[0].fix}", file=err)
         return EXIT_REFUSED
     opts = job.preflight
     problems = check(job)

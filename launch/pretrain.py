@@ -290,8 +290,8 @@ def _main(cfg: DictConfig, *, runner: Runner, out: TextIO, err: TextIO, sweep: O
     where = run_dir_problems(job)  # first: no path operation may see a name the rule refuses (launch/paths.py)
     if where:
         first = where[0]
-        print(f"refused: {first.message}; nothing was written or submitted; fix: {first.fix}", file=err)
-        _outcome(job, sweep, "refused", f"{first.field}: {first.message}")
+        print(f"refused: {first.arithmetic}; nothing was written or submitted; fix: {first.fix}", file=err)
+        _outcome(job, sweep, "refused", f"{first.field}: {first.arithmetic}")
         return refused
     run_dir = Path(job.run_dir).absolute()
     problems = check(job)
