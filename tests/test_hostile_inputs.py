@@ -210,7 +210,7 @@ def test_explicit_run_directories_are_resolved_and_shown(runs):
     finally:
         (runs / "good" / "stop.json").unlink()
     rc, out, err = run_resume([f"{runs}/good/../good/checkpoints"])
-    assert rc == 2 and err.strip() == f"error: {runs / 'good' / 'checkpoints'} does not exist"
+    assert str(runs / "good" / "checkpoints") in out + err and "/../" not in out + err, (rc, out, err)
     rc, out, _err = run_status([f"{runs}/stopdir/../good"])
     assert rc == 0 and f"({runs / 'good'})" in out.splitlines()[0]
 
