@@ -232,8 +232,6 @@ def _analysis(state: RunState, run_dir: Path, sacct_text: Optional[str], window:
         if len(val) > 1:
             state.val_first = [int(first["iteration"]), float(first["val_loss"])]
     _sacct_gpu_hours(state, run.sacct)
-    if run.iterations is None or run.iterations.empty:  # no iteration line logged yet: nothing to analyse
-        return
     res = analyze_run(run, shape_from_config(run.config))
     intr = res["interruptions"]
     if len(intr):
