@@ -51,8 +51,7 @@ def notes(job: Job, read_index: Callable[[str], check_data.IndexFacts] = check_d
             f", tp {job.parallelism.tp}) = {multiple}) * {multiple}; {padded - job.model.vocab_size} unused rows)"
         )
     if mock_data_at_scale(job):
-        out.append(f"data=mock: {job.cluster.nodes} nodes would train on synthetic tokens; a real submission "
-                   "is refused without data=indexed data.path=<prefix> or force=true")
+        out.append(mock_data_warning(job))
     if job.dp >= 1 and job.training.micro_batch_size >= 1:
         out.append(
             f"dp {job.dp} = world {job.world_size} / (tp {job.parallelism.tp} * pp {job.parallelism.pp}"
@@ -373,15 +372,19 @@ def mock_data_at_scale(job: Job) -> bool:
     return job.data.kind == "mock" and c.launcher == "slurm" and c.nodes > 1 and c.gpu != "cpu"
 
 
-def submission_problems(job: Job) -> list[Problem]:
-    """What only a real submission refuses (``plan.py`` and dry runs just note it)."""
-    if not mock_data_at_scale(job) or job.force or job.dry_run:
-        return []
+def mock_data_warning(job: Job) -> str:
+    """The WARNING of a multi-node GPU job on synthetic tokens: allowed (Megatron's own examples benchmark a
+    cluster on mock data), said loudly in the check and the submission's summary."""
     c = job.cluster
-    return [Problem("data.kind", "a multi-node GPU job would pretrain on synthetic tokens (data=mock)",
-                    f"data=mock on {c.nodes} nodes x {c.gpus_per_node} {c.gpu}",
-                    "set data=indexed data.path=<prefix> (python -m launch.preprocess), "
-                    "or force=true to train on mock data on purpose")]
+    return (f"WARNING: data=mock: {c.nodes} nodes x {c.gpus_per_node} {c.gpu} will train on synthetic tokens "
+            f"(a benchmark, not a model); for real text set data=indexed data.path=<prefix> "
+            f"(python -m launch.preprocess)")
+
+
+def submission_problems(job: Job) -> list[Problem]:
+    """What only a real submission refuses (``plan.py`` and dry runs just note it): nothing today; mock data
+    on a multi-node job is a WARNING (:func:`mock_data_warning`), not a refusal."""
+    return []
 
 
 def _collaborators(job: Job) -> list[Problem]:

@@ -109,7 +109,10 @@ def _data_text(job: Job) -> str:
     """``indexed 0.3 web + 0.7 code (split 99,1,0), tokenizer byte``; the blend as the ranks resolve it."""
     d = job.data
     if d.kind != "indexed":
-        return "mock: synthetic tokens (set data=indexed data.path=<prefix> for real text)"
+        from launch.check import mock_data_at_scale
+
+        loud = f"WARNING: {job.cluster.nodes} nodes on synthetic tokens, a benchmark; " if mock_data_at_scale(job) else ""
+        return f"mock: synthetic tokens ({loud}set data=indexed data.path=<prefix> for real text)"
     try:
         train = blend.train_sources(d, job.cluster.data_root)
         valid = blend.valid_sources(d, job.cluster.data_root)

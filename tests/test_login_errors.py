@@ -91,13 +91,18 @@ def test_a_bad_interpolation_is_one_line(tmp_path):
     assert proc.returncode == 2 and proc.stderr.startswith("refused: ") and len(proc.stderr.splitlines()) == 1
 
 
-def test_mock_data_on_a_multi_node_gpu_job_needs_force(tmp_path):
+def test_mock_data_on_a_multi_node_gpu_job_is_a_warning_not_a_refusal(tmp_path):
+    """The headline command (Megatron's own examples benchmark a cluster on synthetic tokens): the dry run's `next`
+    line is true (the same command submits), and both say WARNING loudly."""
     runs = f"cluster.run_root={tmp_path / 'runs'}"
-    proc = cli(tmp_path, "cluster=lustre", "model=7b", runs)
-    assert proc.returncode == 2 and "data.kind" in proc.stderr and "force=true" in proc.stderr
+    dry = cli(tmp_path, "cluster=lustre", "model=30b", runs, "dry_run=true")
+    assert dry.returncode == 0 and "WARNING: data=mock: 16 nodes x 8" in dry.stderr, dry.stderr
+    assert "the same command without dry_run=true submits it" in dry.stderr
     assert _runs(tmp_path) == []
-    dry = cli(tmp_path, "cluster=lustre", "model=7b", runs, "dry_run=true")
-    assert dry.returncode == 0 and "note: data=mock" in dry.stderr  # a dry run says it, does not refuse
+    real = cli(tmp_path, "cluster=lustre", "model=30b", runs)
+    assert real.returncode == 0 and "submitted job 555" in real.stdout, real.stderr
+    assert "WARNING: data=mock: 16 nodes x 8" in real.stderr
+    assert "WARNING: 16 nodes on synthetic tokens" in real.stdout  # the submission's summary, data row
 
 
 def test_a_missing_dataset_fails_the_dry_run(tmp_path):
