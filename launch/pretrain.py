@@ -172,6 +172,20 @@ def shape_problems(job: Job, run_dir: Path) -> list[Problem]:
         "pick a new run.name for a new model, or drop the model overrides to continue the run")]
 
 
+def checkpoint_verdict(job: Job, run_dir: Path) -> Any:
+    """What the run's newest checkpoint means for this launch (:func:`recovery.start_check.judge`): a
+    conflict this job cannot load (refused before any rank starts), or nothing left to train."""
+    from recovery.identity import read_run_id
+    from recovery.start_check import judge
+
+    return judge(job, job.paths_at(run_dir).checkpoints, read_run_id(run_dir))
+
+
+def conflict_problems(verdict: Any) -> list[Problem]:
+    c = verdict.conflict
+    return [Problem(c.field, c.message, c.arithmetic, c.fix)] if c is not None else []
+
+
 def writer_problems(job: Job, run_dir: Path, runner: Callable[..., Any]) -> tuple[list[Problem], list[str]]:
     """One writer per run, asked on the login node before anything is written: (problems, warnings).
 
@@ -250,7 +264,7 @@ def record_member(job: Job, member: SweepMember, *, status: str, run_dir: Path, 
 
 def _print_notes(job: Job, err: TextIO) -> None:
     for note in notes(job):
-        print(f"note: {note}", file=err)
+        print(note if note.startswith("WARNING:") else f"note: {note}", file=err)
 
 
 def main(cfg: DictConfig, *, runner: Runner = default_runner, out: TextIO = sys.stdout,
@@ -297,6 +311,8 @@ def _main(cfg: DictConfig, *, runner: Runner, out: TextIO, err: TextIO, sweep: O
     problems = check(job)
     problems += shape_problems(job, run_dir)
     problems += submission_problems(job)
+    verdict = checkpoint_verdict(job, run_dir)
+    problems += conflict_problems(verdict)
     if not job.force:  # a failed `launch/preflight.py` of this run blocks the real submission
         from launch.preflight_checks import preflight_problems
 
@@ -326,6 +342,11 @@ def _main(cfg: DictConfig, *, runner: Runner, out: TextIO, err: TextIO, sweep: O
                 record_member(job, sweep, status="refused", run_dir=run_dir, reasons=[str(p) for p in problems])
             return 0  # a sweep skips an invalid combination and goes on with the next
         return EXIT_REFUSED
+    if verdict.complete:  # nothing left to train: end here, before a rank starts or a job is queued
+        print(("note: " if job.dry_run else "") + verdict.complete, file=err)
+        _outcome(job, sweep, "complete", verdict.complete)
+        if not job.dry_run:
+            return 0
     # the composed DictConfig prints 5x faster than re-structuring the Job; same text when unchanged
     text = literal_dollars(cfg, OmegaConf.to_yaml(cfg, resolve=True)) if job is composed else job_to_yaml(job)
     if job.dry_run:

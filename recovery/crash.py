@@ -14,7 +14,7 @@ from srun's exit code (``--kill-on-bad-exit`` turns most endings into 143):
   killer, segfault, lost node) → requeue;
 * ``requeue`` (rank 0 already ran ``scontrol requeue`` after the stop checkpoint),
   ``completed``, ``zero_progress``, ``max_restarts`` or a refusal such as
-  ``optimizer_mismatch`` → leave it: requeueing would only repeat a decision;
+  ``checkpoint_mismatch`` → leave it: requeueing would only repeat a decision;
 * a ``stop`` whose reason is final (:data:`recovery.policy.FINAL_REASONS`: no loadable
   checkpoint, another run's checkpoint, a storage error, a full disk, a held run lock,
   torch/megatron-core outside the tested ranges: :mod:`train.versions`) →

@@ -21,7 +21,7 @@ lead_time_warning   lead_s, step_s, save_s, detail -- the signal lead is shorter
 failed_node         host, source -- a node a NODE_FAIL came from (recovery/exclusion.py)
 exclude             hosts, ok, detail -- recorded bad nodes kept out of the next attempt
 stop                reason, code, detail -- an attempt refused or ended: zero_progress|max_restarts|crash|
-                    optimizer_mismatch|unsupported_software|...; or, after a stop checkpoint (recovery/stop.py),
+                    checkpoint_mismatch|unsupported_software|...; or, after a stop checkpoint (recovery/stop.py),
                     who stopped it: user_cancel|user_stop|user_requeue|preemption|time_limit|node_failure|
                     undecided|local_signal|requeue_signal, with requeue (bool), evidence (Slurm's answer) and step
 exit                reason (completed|requeue|stopped|signal|error|unsupported_software|...), code, step

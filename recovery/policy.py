@@ -31,12 +31,11 @@ code  name                  meaning
                             SLURMTRON_TRUST_SHARED_CHECKPOINTS=1 accepts it
 14    EXIT_BAD_CONFIG       refused to start: the run's config.yaml cannot be read back into a job
                             (missing, binary, malformed YAML, a field of the wrong type)
+15    EXIT_CKPT_MISMATCH    refused to start: the run's checkpoint cannot be loaded by this job's
+                            configuration (the other optimizer type: parallelism.
+                            distributed_optimizer changed); recovery/start_check.py
 42    EXIT_REQUEUE          stop signal -> checkpoint committed -> asked Slurm to requeue
-====  ====================  ==============================================================
-
-Codes 3-14 are final (:data:`REFUSAL_CODES`): neither the local launcher nor ``recovery.crash`` starts another
-attempt after them, because another attempt would meet the same refusal (a full disk does
-not empty itself; an unreadable file does not fix its permissions). The run stops with the
+====  ====================  =======================================================not empty itself; an unreadable file does not fix its permissions). The run stops with the
 reason in ``events.jsonl`` (a ``stop`` event) and on the terminal.
 
 How a stop becomes a requeue
@@ -108,6 +107,7 @@ EXIT_NAN = 11
 EXIT_UNSAFE_CKPT = 12
 EXIT_SHARED_CKPT = 13
 EXIT_BAD_CONFIG = 14
+EXIT_CKPT_MISMATCH = 15
 EXIT_REQUEUE = 42
 
 # stop reason -> exit code, for every final stop (no requeue, no relaunch)
@@ -124,6 +124,7 @@ FINAL_REASONS = {
     "unsafe_checkpoint": EXIT_UNSAFE_CKPT,
     "shared_checkpoint": EXIT_SHARED_CKPT,
     "bad_config": EXIT_BAD_CONFIG,
+    "checkpoint_mismatch": EXIT_CKPT_MISMATCH,
 }
 REFUSAL_CODES = tuple(sorted(set(FINAL_REASONS.values())))  # "do not retry": never requeued or relaunched
 FINAL_CODES = (EXIT_COMPLETED,) + REFUSAL_CODES

@@ -274,16 +274,13 @@ def start_shards_async(path: Path, state: Dict[str, Any], *, distributed_optimiz
 
 
 def check_optimizer_type(saved: Dict[str, Any], distributed_optimizer: bool, path: Path) -> None:
-    """Refuse a checkpoint written by the other optimizer type (their formats are incompatible)."""
-    saved_dist = saved.get("distributed_optimizer")
-    if saved_dist is None or bool(saved_dist) == bool(distributed_optimizer):
-        return
-    kind = {True: "the distributed optimizer", False: "the ordinary optimizer"}
-    raise CheckpointMismatch(
-        f"{path} was written by {kind[bool(saved_dist)]} but this job uses {kind[bool(distributed_optimizer)]} "
-        f"(parallelism.distributed_optimizer={bool(distributed_optimizer)}); their optimizer states cannot be "
-        f"converted into each other. Set parallelism.distributed_optimizer={bool(saved_dist)} to resume this run."
-    )
+    """Refuse a checkpoint written by the other optimizer type (their formats are incompatible); the
+    comparison is :func:`recovery.start_check.optimizer_conflict`, which the login side asks too."""
+    from recovery.start_check import optimizer_conflict
+
+    conflict = optimizer_conflict(saved, distributed_optimizer, path)
+    if conflict:
+        raise CheckpointMismatch(conflict.line)
 
 
 def load(

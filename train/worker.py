@@ -200,13 +200,14 @@ def _run_reporting(ctx: RankContext) -> int:
             ctx.emit("exit", reason=stop["reason"], code=stop["code"], step=stop.get("step"))
             ctx.log(f"stopping: {stop['reason']}: {stop['detail']}")
             return int(stop["code"])
+        if type(e).__name__ == "CheckpointMismatch":  # this job cannot load the run's checkpoint: final, one line
+            return _refuse_mismatch(ctx, str(e))
         traceback.print_exc()
         if _hang_declared(ctx):
             return _leave_to_the_watchdog(ctx, e)
         if (code := _broken_by_the_stop_signal(ctx, e)) is not None:
             return code
-        reason = "optimizer_mismatch" if type(e).__name__ == "CheckpointMismatch" else "crash"
-        ctx.emit("stop", reason=reason, code=EXIT_CRASH, detail=f"{type(e).__name__}: {e}"[:2000])
+        ctx.emit("stop", reason="crash", code=EXIT_CRASH, detail=f"{type(e).__name__}: {e}"[:2000])
         code = _requeue_away_from_faulty_node(ctx, traceback.format_exc())
         ctx.emit("exit", reason="error" if code == EXIT_CRASH else "requeue", code=code, step=None)
         return code
@@ -484,6 +485,18 @@ def _refuse_data(ctx: RankContext, refused: dict) -> int:
     print(f"refused to start: {refused['detail']}", flush=True)
     ctx.emit("stop", reason=refused["reason"], code=code, detail=refused["detail"])
     ctx.emit("exit", reason=refused["reason"], code=code, step=None)
+    return code
+
+
+def _refuse_mismatch(ctx: RankContext, detail: str) -> int:
+    """The run's checkpoint cannot be loaded by this job (the other optimizer type): a final stop on every rank
+    (no relaunch, no requeue: another attempt would meet the same checkpoint), one line, no traceback."""
+    from recovery.policy import FINAL_REASONS
+
+    code = FINAL_REASONS["checkpoint_mismatch"]
+    ctx.log(f"refused to start: {detail} (exit {code}; final: not relaunched or requeued)")
+    ctx.emit("stop", reason="checkpoint_mismatch", code=code, detail=detail[:2000])
+    ctx.emit("exit", reason="checkpoint_mismatch", code=code, step=None)
     return code
 
 
