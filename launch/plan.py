@@ -66,6 +66,9 @@ def format_estimate(job: Job, est: Estimate) -> str:
     interval = f", every {est.checkpoint_interval} steps" if est.checkpoint_interval else ""
     lines.append(f"checkpoint {est.checkpoint_gb:,.1f} GB, save {est.save_time_s:.3g} s at "
                  f"{c.fs_write_bandwidth_gbs:g} GB/s{interval}")
+    why = (est.breakdown or {}).get("checkpoint_interval") or ""
+    if est.checkpoint_interval and why.startswith("auto"):
+        lines.append(f"checkpoint interval {why}")
     if est.note:
         lines.append(f"note: {est.note}")
     return "\n".join(lines)

@@ -70,6 +70,13 @@ def interval_steps(save_s: float, step_s: float, mtbf_s: float,
     young = young_interval_s(save_s, mtbf_s)
     daly = daly_interval_s(save_s, mtbf_s)
     steps = max(1, int(round(daly / step_s)))
+    floor_txt = ""
+    if write_s is not None:
+        least = min_async_steps(write_s, step_s)
+        if steps < least:
+            floor_txt = (f"; raised from {steps} to {least} step(s): an async save is durable W={write_s:.3g} s "
+                         f"after it starts and the next may not start before, ceil(W / step {step_s:.3g} s) = {least}")
+            steps = least
     tau = steps * step_s
     if write_s is None:
         waste = expected_waste(tau, save_s, mtbf_s)
@@ -82,9 +89,17 @@ def interval_steps(save_s: float, step_s: float, mtbf_s: float,
     reasoning = (
         f"{cost}, step {step_s:.3g} s, job MTBF M={mtbf_s:.4g} s ({mtbf_s / 3600:.3g} h): "
         f"Young sqrt(2CM)={young:.4g} s, Daly sqrt(2CM)(1+sqrt(C/2M)/3+C/18M)-C={daly:.4g} s "
-        f"= {daly / step_s:.4g} steps -> every {steps} step(s) ({tau:.4g} s); {waste_txt}"
+        f"= {daly / step_s:.4g} steps{floor_txt} -> every {steps} step(s) ({tau:.4g} s); {waste_txt}"
     )
     return steps, reasoning
+
+
+def min_async_steps(write_s: float, step_s: float) -> int:
+    """The fewest steps between two asynchronous saves: the next save cannot start before the previous one is
+    durable (``write_s`` after it started), so the interval is at least ``ceil(write_s / step_s)`` steps."""
+    if step_s <= 0:
+        raise ValueError(f"step time must be > 0 s, got {step_s}")
+    return max(1, math.ceil(write_s / step_s - 1e-9))
 
 
 def parse_interval(value: Any) -> Optional[int]:

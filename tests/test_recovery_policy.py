@@ -218,3 +218,24 @@ def test_lead_time_counts_the_wait_for_an_async_save_in_flight():
     assert lead_time_warning(30, 5.0, 10.0) is None
     warn = lead_time_warning(30, 5.0, 10.0, wait_s=20.0)
     assert warn is not None and "the async save in flight 20.0 s" in warn and "35.0 s" in warn
+
+
+def test_an_async_interval_is_never_shorter_than_a_save_takes_to_be_durable():
+    """A 142 s save at 5.3 s/step: Daly alone would save every few steps, before the previous save is durable."""
+    from recovery.interval import interval_steps, min_async_steps
+
+    assert min_async_steps(142.0, 5.3) == 27 and min_async_steps(10.0, 5.0) == 2 and min_async_steps(0.1, 5.0) == 1
+    steps, why = interval_steps(2.0, 5.3, 3600.0, write_s=142.0)
+    assert steps == 27 and steps * 5.3 >= 142.0
+    assert "raised from" in why and "ceil(W / step 5.3 s) = 27" in why
+    assert interval_steps(2.0, 5.3, 3600.0)[0] < 27  # a synchronous save is durable when it returns: no floor
+
+
+def test_the_plan_shows_the_interval_arithmetic():
+    from launch.compose import compose_job
+    from launch.plan import plan
+
+    job = compose_job(["cluster=lustre", "model=70b", "cluster.node_mtbf_hours=2", "cluster.fs_write_bandwidth_gbs=2"])
+    text, _code = plan(job)
+    line = next(x for x in text.splitlines() if "checkpoint interval auto" in x)
+    assert "raised from" in line and "ceil(W / step" in line

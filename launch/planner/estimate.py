@@ -95,20 +95,26 @@ def resolve_checkpoint_interval(job: Job, step_s: Optional[float], save_s: float
                                 write_s: Optional[float] = None) -> Optional[int]:
     """Steps between saves: as configured, or Young/Daly via ``recovery.interval`` for 'auto' (``save_s``: what a
     save stalls training; ``write_s``: until it is durable, asynchronous saves)."""
+    return checkpoint_interval_and_why(job, step_s, save_s, write_s)[0]
+
+
+def checkpoint_interval_and_why(job: Job, step_s: Optional[float], save_s: float,
+                                write_s: Optional[float] = None) -> tuple[Optional[int], str]:
+    """(steps between saves, the arithmetic): for 'auto', Young/Daly, never shorter than an asynchronous save
+    takes to become durable (``recovery.interval.min_async_steps``)."""
     ci = job.training.checkpoint_interval
     if isinstance(ci, int) and not isinstance(ci, bool):
-        return ci if ci > 0 else None
+        return (ci if ci > 0 else None), f"configured: every {ci} step(s)"
     if step_s is None or step_s <= 0:
-        return None
+        return None, ""
     from recovery.interval import resolve_interval  # pure; no torch
 
     try:
-        steps, _ = resolve_interval(ci, save_s=max(save_s, 1e-6), step_s=step_s,
-                                    node_mtbf_hours=job.cluster.node_mtbf_hours, nodes=max(1, job.cluster.nodes),
-                                    write_s=write_s)
+        return resolve_interval(ci, save_s=max(save_s, 1e-6), step_s=step_s,
+                                node_mtbf_hours=job.cluster.node_mtbf_hours, nodes=max(1, job.cluster.nodes),
+                                write_s=write_s)
     except ValueError:
-        return None
-    return steps
+        return None, ""
 
 
 def estimate(job: Job, *, shape: Shape | None = None, flops: dict | None = None,
@@ -148,7 +154,8 @@ def estimate(job: Job, *, shape: Shape | None = None, flops: dict | None = None,
             breakdown["step_time"] = st.to_dict()
     block_s = blocking_save_time_s(job, shape)  # = save_s unless training.async_save
     asynchronous = block_s != save_s
-    interval = resolve_checkpoint_interval(job, step, block_s, save_s if asynchronous else None)
+    interval, interval_why = checkpoint_interval_and_why(job, step, block_s, save_s if asynchronous else None)
+    breakdown["checkpoint_interval"] = interval_why
     gpu_hours = wall_h = None
     if step is not None and iters is not None:
         saves = iters // interval if interval else 0
