@@ -74,6 +74,7 @@ class RunState:
     log_file: Optional[str] = None
     log_tail: list = field(default_factory=list)
     warnings: list = field(default_factory=list)
+    notes: list = field(default_factory=list)  # facts that are no trouble (an asynchronous save in progress)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -202,8 +203,21 @@ def _checkpoint(state: RunState, paths: RunPaths, now: float) -> None:
             state.checkpoint_age_s = max(0.0, now - found.path.stat().st_mtime)
         except OSError:
             pass
+    from recovery.commit import STAGING_SUFFIX
+
     for path, reason in found.skipped:
+        newer = found.step is None or (_dir_step(Path(path)) or 0) > found.step
+        if state.state in ("running", "requeued") and Path(path).name.endswith(STAGING_SUFFIX) and newer:
+            state.notes.append(f"checkpoint {Path(path).name}: a save in progress (not committed yet)")
+            continue
         state.warnings.append(f"checkpoint {Path(path).name} skipped: {reason}")
+
+
+def _dir_step(path: Path) -> Optional[int]:
+    from recovery.commit import parse_dir_name
+
+    parsed = parse_dir_name(path.name)
+    return parsed[0] if parsed else None
 
 
 def _analysis(state: RunState, run_dir: Path, sacct_text: Optional[str], window: int = 10, *,

@@ -120,6 +120,7 @@ def format_state(st: RunState) -> str:
     if st.log_file:
         lines.append(f"log        {st.log_file}")
         lines.extend(f"  | {ln}" for ln in st.log_tail)
+    lines.extend(f"note: {n}" for n in getattr(st, "notes", []))
     lines.extend(f"WARNING: {w}" for w in st.warnings)
     return "\n".join(lines)
 

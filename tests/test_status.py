@@ -104,6 +104,20 @@ def test_verified_checkpoint_and_its_age(run_dir):
     assert "checkpoint step 20 verified, 10 min ago" in status.format_state(st)
 
 
+def test_an_async_save_in_progress_on_a_live_run_is_a_note_and_a_dead_ones_staging_a_warning(run_dir):
+    root = run_dir / "checkpoints"
+    staging = prepare_staging(root, 20)
+    (staging / "shard.distcp").write_bytes(b"x" * 100)
+    commit(root, 20, {"step": 20}, keep=2)
+    (prepare_staging(root, 30) / "shard.distcp").write_bytes(b"x" * 10)  # the next save, still being written
+    live = gather(run_dir, runner=FakeSlurm("8700|RUNNING|None"))
+    assert live.checkpoint_step == 20 and not any("iter_0000030" in w for w in live.warnings), live.warnings
+    text = status.format_state(live)
+    assert "note: checkpoint iter_0000030.tmp: a save in progress" in text and "killed during the save" not in text
+    ended = gather(run_dir, runner=FakeSlurm(None, "8700|FAILED|1:0"))
+    assert any("iter_0000030.tmp skipped" in w and "killed during the save" in w for w in ended.warnings)
+
+
 def test_no_squeue_is_a_warning_and_the_event_log_still_answers(run_dir):
     st = gather(run_dir, runner=FakeSlurm(missing=True))
     assert st.state == "completed" and "from the event log" in st.reason

@@ -249,6 +249,19 @@ def open_tracker(job: Job, paths: RunPaths, *, resumed_step: int, warn: Callable
     return Tracker(writers, warn)
 
 
+def tensorboard_missing(job: Job) -> Optional[str]:
+    """The WARNING line :func:`open_tracker` writes when TensorBoard is asked for and cannot be imported, for the
+    rank whose output reaches the terminal when it is not the tracking rank (the same environment on every rank)."""
+    if not job.tracking.tensorboard:
+        return None
+    try:
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+    except ImportError as exc:
+        return (f"WARNING: tracking.tensorboard: {exc.name or 'tensorboard'} is not installed "
+                "(pip install 'slurmtron[tracking]'); no TensorBoard scalars (tracking.tensorboard=false silences this)")
+    return None
+
+
 def is_tracking_rank() -> bool:
     """First data-parallel and tensor-parallel rank of the last pipeline stage (call after init)."""
     from megatron.core import parallel_state as ps

@@ -362,8 +362,12 @@ def _train_started(ctx: RankContext, start, iters: int, watch: Any = None) -> in
                                             warn=lambda line: print(line, flush=True), emit=ctx.emit)
         ctx.tracker.text(state.step + 1, f"attempt {ctx.restart} (job {ctx.job_id or 'local'}) starts at step "
                                          f"{state.step + 1} on {ctx.world} ranks, layout {ctx.layout}")
+    elif ctx.is_last and (line := tracking.tensorboard_missing(job)):  # the terminal shows the last rank only
+        ctx.log(line)
     root, num_samples = job.cluster.data_root, iters * t.global_batch_size
-    ctx.phase(f"building the data: {num_samples} samples (sample indexes are cached in {ctx.paths.data_cache})")
+    cached = f" (sample indexes are cached in {ctx.paths.data_cache})" if job.data.kind == "indexed" else \
+        " (synthetic tokens, generated per step: nothing cached)"
+    ctx.phase(f"building the data: {num_samples} samples{cached}")
     source = build_source(job.data, job.model, num_samples, ctx.paths.data_cache, root)
     data_info = describe(job.data, source, num_samples, state.consumed_samples, root)
     ctx.log(describe_line(data_info))
