@@ -14,17 +14,18 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 if __name__ == "__main__":  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import pandas as pd  # noqa: E402
 
+from analysis import figures  # noqa: E402
 from analysis.interruptions import build_attempts, goodput, interruptions
 from analysis.load import RunInputs, load_paths
 from analysis.mfu import (
-    RunShape, attempt_summary, layout_label, layout_summary, regression_flags, shape_from_config, step_metrics, straggler_flags,
+    RunShape, attempt_summary, layout_summary, regression_flags, shape_from_config, step_metrics, straggler_flags,
 )
 from analysis.document import counts, csv_safe, num, pct, to_html, to_markdown
 from analysis.plots import plot_goodput, plot_loss_by_step, plot_mfu_by_layout, plot_timeline
@@ -62,7 +63,8 @@ def analyze_run(run: RunInputs, shape: RunShape, *, window: int = 20, threshold:
         # the layout each attempt really ran with (a resumed run may reshard)
         starts = ev[ev["event"] == "job_start"]
         for r in starts.itertuples():
-            label = layout_label(getattr(r, "layout", None))
+            label = figures.layout_of({"layout": getattr(r, "layout", None),
+                                       "layout_label": getattr(r, "layout_label", None)})
             if label:
                 job = str(r.job_id) if isinstance(r.job_id, str) else "local"
                 sel = (m["job"] == job) & (m["attempt"] == int(r.restart_count if pd.notna(r.restart_count) else 0))
@@ -132,20 +134,25 @@ def _num(v):
     return None if math.isnan(f) or math.isinf(f) else f
 
 
+def _records(events: Any) -> list:
+    return [] if events is None or events.empty else events.to_dict("records")
+
+
 def _summary(run: RunInputs, res: dict) -> dict:
     m, intr = res["metrics"], res["interruptions"]
     counts = {c: int((intr["cause"] == c).sum()) for c in CAUSES if (intr["cause"] == c).any()}
     steady = res["by_attempt"]
     return {
         "iterations": int(len(m)),
-        "attempts": int(len(res["attempts"])),
+        "attempts": figures.attempt_count(_records(run.events)) or int(len(res["attempts"])),
+        "layout": figures.run_layout(_records(run.events)),
         "interruptions": int(len(intr)),
         "counts_by_cause": counts,
         "goodput": {k: _num(v) for k, v in res["goodput"].items()},
         "mfu": _num(m["mfu"].median()) if len(m) else None,
         "hfu": _num(m["hfu"].median()) if len(m) else None,
         "tflops_per_gpu": _num(m["tflops"].median()) if len(m) else None,
-        "tokens_per_s": _num(m["tokens_per_s"].median()) if len(m) else None,
+        "tokens_per_s": _num(figures.tokens_per_s(m)),
         "mfu_by_attempt": [{k: (v if k in ("job", "layout") else int(v) if k in ("attempt", "steps", "first_step",
                                                                                   "last_step") and pd.notna(v)
                                 else _num(v)) for k, v in r.items()} for r in steady.to_dict("records")],
@@ -340,7 +347,7 @@ def run_blocks(name: str, s: dict, res: dict, args: argparse.Namespace, mfu_reas
     return [
         ("h", 2, f"Run {name}"),
         ("ul", [f"iterations parsed: {s['iterations']:,} (unreadable lines skipped: {counts(s['skipped_lines'])})",
-                f"attempts: {s['attempts']}; interruptions: {s['interruptions']} ({counts(s['counts_by_cause'])})",
+                (f"layout: {s['layout']}; " if s.get("layout") else "") + f"attempts: {s['attempts']}; interruptions: {s['interruptions']} ({counts(s['counts_by_cause'])})",
                 f"goodput {pct(s['goodput']['goodput'])}; {mfu}" + "".join(f"; {x}" for x in (tflops, tokens) if x),
                 f"steps with a throughput regression (rolling {args.window} steps vs the baseline, "
                 f"+{args.threshold:.0%} slower): {s['regressed_steps']}",

@@ -259,7 +259,10 @@ def _analysis(state: RunState, run_dir: Path, sacct_text: Optional[str], window:
         state.step = max(state.step or 0, int(m["iteration"].max()))
         secs = (recent["elapsed_ms"] / 1000.0).median()
         state.step_time_s = float(secs) if secs == secs else state.step_time_s
-        for attr, col in (("mfu_now", "mfu"), ("tokens_per_s", "tokens_per_s"), ("loss", "lm_loss")):
+        from analysis import figures
+
+        state.tokens_per_s = figures.tokens_per_s(res["metrics"])  # the report's figure: steady steps, whole run
+        for attr, col in (("mfu_now", "mfu"), ("loss", "lm_loss")):
             value = recent[col].median() if col != "lm_loss" else recent[col].iloc[-1]
             if value == value:  # not NaN
                 setattr(state, attr, float(value))
@@ -385,7 +388,10 @@ def _finite(value: object) -> Optional[float]:
 
 def _from_events(state: RunState, events: list[dict]) -> None:
     # one job_start (rank 0) per attempt; a fresh local launch starts again at restart_count 0 with no job id
-    state.attempts = sum(1 for e in events if e.get("event") == "job_start" and (e.get("rank") or 0) == 0)
+    from analysis import figures
+
+    state.attempts = figures.attempt_count(events)
+    state.layout = figures.run_layout(events, state.layout)
     raw = [e for e in events if e.get("event") == "iteration" and e.get("step") is not None]
     its = [e for e in raw if _whole(e.get("step")) is not None]
     if len(its) < len(raw):

@@ -9,7 +9,7 @@ Every record has ``time`` (unix seconds, float), ``event`` (a kind below), ``job
 ==================  ==============================================================
 event               extra fields
 ==================  ==============================================================
-job_start           world_size, layout {tp,pp,vpp,cp,ep,dp}, train_iters, nodes, source (slurm|torchrun)
+job_start           world_size, layout {tp,pp,vpp,cp,ep,dp}, layout_label (tp2-pp1-nodo-dp2), train_iters, nodes, source (slurm|torchrun)
 resume              step, checkpoint, consumed_samples, from_layout, seconds (load time)
 resume_fallback     skipped (path), reason  -- a torn/corrupt checkpoint was passed over
 signal              signal (name), step

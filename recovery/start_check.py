@@ -54,9 +54,18 @@ def optimizer_conflict(meta: dict, distributed_optimizer: bool, path: Any) -> Op
         f"the run's checkpoint was written by {_KIND[bool(saved)]} and this job uses "
         f"{_KIND[bool(distributed_optimizer)]}; their optimizer states cannot be converted into each other "
         f"(a change of tp/pp/dp alone is resharded on load)",
-        f"{path}: distributed_optimizer={bool(saved)}, layout {(meta or {}).get('layout', '?')}; "
+        f"{path}: distributed_optimizer={bool(saved)}, layout {_layout((meta or {}).get('layout'))}; "
         f"this job: distributed_optimizer={bool(distributed_optimizer)}",
         f"add parallelism.distributed_optimizer={bool(saved)} to continue this run, or run.name=NEW to start another")
+
+
+def _layout(layout: Any) -> str:
+    """``tp2-pp1-dp2`` from the manifest's layout (a dict of sizes), as the job's layout label reads."""
+    if not isinstance(layout, dict):
+        return str(layout or "?")
+    parts = [f"{k}{layout[k]}" for k in ("tp", "pp", "vpp", "cp", "ep", "dp")
+             if layout.get(k) is not None and (k in ("tp", "pp", "dp") or layout[k] not in (0, 1))]
+    return "-".join(parts)
 
 
 def complete_line(step: int, target: int, run_name: str) -> str:

@@ -131,12 +131,20 @@ def test_a_real_run_complete_then_relaunched_in_a_layout_it_cannot_load(tmp_path
     assert "Traceback" not in other.stderr + other.stdout
     assert sorted(p.name for p in paths.logs.iterdir()) == logs and paths.events.read_text() == events
 
-    # the ranks' own check (a Slurm job submitted before the checkpoint existed meets it there): final, one line
+    # the ranks' own checks (a Slurm job submitted before the checkpoint existed meets them there)
     from trainutil import train
 
+    seen = len(paths.rank_log(0, 1).read_text(errors="replace"))  # rank logs are appended to
+    done = train(paths.run_dir, common, world=2, attempt=0)  # complete: ends before the model is built
+    assert done.codes == [0, 0], done.all_logs()
+    new = done.log(0)[seen:]
+    assert "already complete at step 4/4" in new and "building the" not in new, new[-3000:]
+    seen = len(done.log(0))
+    # the other optimizer type: final, one line
     res = train(paths.run_dir, [*common, "parallelism=tp2", "training.train_iters=8"], world=2, attempt=0)
     assert res.codes == [EXIT_CKPT_MISMATCH] * 2, res.all_logs()
-    log = res.log(0)
+    log = res.log(0)[seen:]
     assert "Traceback" not in log and "refused to start: parallelism.distributed_optimizer" in log, log[-3000:]
+    assert "UserWarning" not in log and "known Megatron-Core/torch warnings are filtered" in log, log[-3000:]
     stops = [e for e in res.events if e["event"] == "stop"]
     assert stops[-1]["reason"] == "checkpoint_mismatch" and stops[-1]["code"] == EXIT_CKPT_MISMATCH

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-from typing import Any, Iterator, NamedTuple
+import os
+from typing import Any, Iterator, Mapping, NamedTuple, Optional
 
 
 class Device(NamedTuple):
@@ -19,13 +20,26 @@ class Device(NamedTuple):
     writer_warmup: Any = None  # train.async_ckpt.WriterWarmUp: join before the first save
 
 
-def quiet_known_warnings() -> None:
-    """Megatron-Core warns once per rank and module that Apex/TE are absent; say it once, not 20 times."""
+KNOWN_WARNINGS = (  # Megatron-Core 0.16 / torch 2.x on a machine without Apex or TransformerEngine, every launch
+    ".*Transformer Engine and Apex are not installed.*", ".*Apex is not installed.*",
+    ".*CUDA_DEVICE_MAX_CONNECTIONS.*", ".*full scope is deprecated.*",
+    ".*`load_state_dict` is deprecated and will be removed.*",
+    ".*Please use DTensor instead and we are deprecating ShardedTensor.*",
+)
+
+
+def quiet_known_warnings(env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """Filter the warnings Megatron-Core and torch print at every rank start (Apex/TE absent, deprecations the
+    toolkit cannot act on); returns the one line that says so, or None when ``PYTHONWARNINGS`` is set (the user
+    asked for their own filters)."""
     import warnings
 
-    for pattern in (".*Transformer Engine and Apex are not installed.*", ".*Apex is not installed.*",
-                    ".*CUDA_DEVICE_MAX_CONNECTIONS.*"):
+    if (env or {}).get("PYTHONWARNINGS"):
+        return None
+    for pattern in KNOWN_WARNINGS:
         warnings.filterwarnings("ignore", message=pattern)
+    return (f"note: {len(KNOWN_WARNINGS)} known Megatron-Core/torch warnings are filtered (Apex/TransformerEngine "
+            "absent, deprecations); PYTHONWARNINGS=default shows them")
 
 
 def init_distributed(job: Any, denv: Any, *, timeout_s: float, checkpoint_helpers: bool = False) -> Device:
@@ -41,7 +55,7 @@ def init_distributed(job: Any, denv: Any, *, timeout_s: float, checkpoint_helper
     from launch import dist_env
     from train import cpu_shim
 
-    quiet_known_warnings()
+    quiet_known_warnings(os.environ)
     cuda = torch.cuda.is_available()
     if not cuda:
         cpu_shim.apply()

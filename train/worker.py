@@ -90,6 +90,9 @@ def main(argv: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = No
 
     flag = StopFlag()
     install_handlers(flag)  # first: a signal during start-up is kept, not lost
+    from train.distributed import quiet_known_warnings  # before torch or megatron is imported
+
+    quieted = quiet_known_warnings(env)
     loaded = _load_run(argv[0], env, load_job)
     if isinstance(loaded, int):
         return loaded
@@ -99,6 +102,8 @@ def main(argv: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = No
                                       tp_comm_overlap=job.parallelism.tp_comm_overlap)) is not None:
         return refused
     denv = dist_env.from_env(env)
+    if quieted and denv.rank == denv.world_size - 1:  # the rank the terminal shows
+        print(quieted, flush=True)
     restart = restart_count_from_env(env)
     events = EventLog(paths.events, rank=denv.rank, job_id=env.get("SLURM_JOB_ID"), restart_count=restart,
                       enabled=denv.rank == 0)
@@ -302,7 +307,8 @@ def _train(ctx: RankContext) -> int:
     start = find_start(ctx)  # rank 0 searches and decides, every rank follows
     if not start.ok and start.decision["reason"] == "run_locked":
         return _refuse_locked(ctx, start)
-    ctx.emit("job_start", world_size=ctx.world, layout=ctx.layout, train_iters=iters, nodes=ctx.dist.nodes,
+    ctx.emit("job_start", world_size=ctx.world, layout=ctx.layout, layout_label=f"{job.layout_label}-dp{job.dp}",
+             train_iters=iters, nodes=ctx.dist.nodes,
              source=ctx.dist.source)
     if not start.ok:
         return _refuse_start(ctx, start)
@@ -349,14 +355,18 @@ def _train_started(ctx: RankContext, start, iters: int, watch: Any = None) -> in
     if (refused := start_refusal(job.data, job.cluster.data_root)) is not None:
         return _refuse_data(ctx, refused)
     vet_resume(ctx, start)
+    if start.resume.step is not None and start.resume.step >= iters:  # nothing to train: no model, no data
+        from recovery.policy import EXIT_COMPLETED
+        from recovery.start_check import complete_line
+
+        ctx.log(complete_line(start.resume.step, iters, job.run.name).replace("no rank started", "nothing built"))
+        ctx.emit("exit", reason="completed", code=EXIT_COMPLETED, step=start.resume.step)
+        return EXIT_COMPLETED
 
     ctx.phase(f"building the model ({job.model.num_layers} layers, hidden {job.model.hidden_size}) and optimizer")
     parts = train_loop.build_training(job, iters, cuda=ctx.cuda, device=ctx.device)
     ckpt = Checkpointer(ctx, parts, start.identity)
     state = ckpt.load(start.resume)
-    if state.step >= iters:
-        ctx.log(f"run {job.run.name} is already complete: step {state.step} of {iters} loaded, nothing to train "
-                "(pick another run.name to start over, or raise training.train_iters to train on)")
     if tracking.is_tracking_rank():  # one rank writes TensorBoard/W&B; it purges steps past the resumed one
         ctx.tracker = tracking.open_tracker(job, ctx.paths, resumed_step=state.step,
                                             warn=lambda line: print(line, flush=True), emit=ctx.emit)

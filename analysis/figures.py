@@ -1,0 +1,61 @@
+"""The figures a run is reported by, each computed once: ``launch/status.py``, the report (``report.md``,
+``report.html``, its text) and ``summary.json`` all read them from here, so the same run shows the same number
+everywhere.
+
+* :func:`layout_of`: the layout label of an attempt, from its ``job_start`` event: the worker writes the job's own
+  label there (``layout_label``, e.g. ``tp2-pp1-nodo-dp2``); event logs written before it carry only the sizes,
+  labelled by :func:`analysis.mfu.layout_label`.
+* :func:`attempt_count`: one attempt per ``job_start`` event (rank 0 writes one per attempt). Separate local
+  launches each start again at restart count 0 without a job id, so (job, restart count) would merge them.
+* :func:`tokens_per_s`: the median over the run's steady steps (each attempt's first
+  :data:`WARMUP_STEPS` logged steps are warm-up), the basis of the per-attempt table too.
+
+No torch; ``launch/`` (status) imports this on the login node.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping, Optional
+
+from analysis.mfu import _steady, layout_label
+
+WARMUP_STEPS = 2  # analysis.mfu.attempt_summary's default: the per-attempt table uses the same steps
+
+
+def layout_of(event: Mapping[str, Any]) -> Optional[str]:
+    """``tp2-pp1-nodo-dp2``: the attempt's layout label from its ``job_start`` event (None without one)."""
+    label = event.get("layout_label")
+    if isinstance(label, str) and label:
+        return label
+    return layout_label(event.get("layout"))
+
+
+def _starts(events: Iterable[Mapping[str, Any]]) -> list:
+    return [e for e in events if e.get("event") == "job_start" and _rank0(e.get("rank"))]
+
+
+def _rank0(rank: Any) -> bool:
+    try:
+        return rank is None or (isinstance(rank, float) and math.isnan(rank)) or int(rank) == 0
+    except (TypeError, ValueError):
+        return False
+
+
+def attempt_count(events: Iterable[Mapping[str, Any]]) -> int:
+    """Attempts of the run: its ``job_start`` events (one per attempt, written by rank 0)."""
+    return len(_starts(events))
+
+
+def run_layout(events: Iterable[Mapping[str, Any]], default: Optional[str] = None) -> Optional[str]:
+    """The layout of the run's latest attempt (``default``, the config's label, before any attempt started)."""
+    starts = _starts(events)
+    return (layout_of(starts[-1]) if starts else None) or default
+
+
+def tokens_per_s(metrics: Any, warmup: int = WARMUP_STEPS) -> Optional[float]:
+    """Median tokens/s over the run's steady steps (None without a logged step)."""
+    if metrics is None or len(metrics) == 0 or "tokens_per_s" not in metrics:
+        return None
+    steady = _steady(metrics, warmup)
+    value = (steady if len(steady) else metrics)["tokens_per_s"].median()
+    return None if value is None or value != value else float(value)
