@@ -196,7 +196,8 @@ h1{margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin
 .card .v{font-size:1.5em;font-weight:600}.card .l{color:#555;font-size:.85em}.card .n{color:#777;font-size:.75em}
 table{border-collapse:collapse;margin:.6em 0 1.2em;font-size:.9em}
 th,td{border:1px solid #ccc;padding:.3em .6em;text-align:right}th{background:#f0f0f0}
-td.t,td:first-child,th:first-child{text-align:left}caption{text-align:left;color:#555;padding:.3em 0}
+td.t,td:first-child,th:first-child{text-align:left}p.cap{text-align:left;color:#555;margin:.6em 0 0;font-size:.9em}
+table + p.cap, p.cap + table{margin-top:.3em}
 figure{margin:1em 0}figure img{max-width:100%;border:1px solid #eee}figcaption{color:#555;font-size:.9em}
 """
 
@@ -226,14 +227,16 @@ def to_html(blocks: Iterable[tuple], title: str) -> str:
             out.append(f"<p>{esc(b[1])}</p>")
         elif kind == "table":
             df = readable(b[1])
-            cap = f"<caption>{esc(b[2])}</caption>" if b[2] else ""
+            # the caption above the table, not a <caption>: that is as wide as the table, and a one-cell table
+            # would wrap it one word per line
+            cap = f"<p class='cap'>{esc(b[2])}</p>" if b[2] else ""
             if df.empty:
-                out.append(f"<table>{cap}<tr><td>none</td></tr></table>")
+                out.append(f"{cap}<table><tr><td>none</td></tr></table>")
                 continue
             head = "".join(f"<th>{esc(c)}</th>" for c in df.columns)
             rows = "".join("<tr>" + "".join(f"<td{_align(v)}>{esc(str(v))}</td>" for v in row) + "</tr>"
                            for row in df.itertuples(index=False))
-            out.append(f"<table>{cap}<thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
+            out.append(f"{cap}<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
         elif kind == "img":
             data = base64.b64encode(Path(b[1]).read_bytes()).decode()
             out.append(f"<figure><img alt='{esc(b[2])}' src='data:image/png;base64,{data}'/>"

@@ -72,6 +72,8 @@ def plot_timeline(m: pd.DataFrame, intr: pd.DataFrame, path: Path, title: str = 
     if seen or ("regressed" in m and m["regressed"].any()):
         a2.legend(fontsize=8, loc="best")
     a2.set_xlabel(xlabel)
+    if xlabel != "time":  # a running step index
+        _integer_ticks(a2)
     a1.set_title(plain(title) or "loss and throughput; dashed lines: interruptions")
     fig.autofmt_xdate()
     fig.tight_layout()
@@ -93,6 +95,7 @@ def plot_loss_by_step(m: pd.DataFrame, intr: pd.DataFrame, path: Path, title: st
     if validation is not None and len(validation):
         ax.plot(validation["iteration"], validation["val_loss"], "s", color="black", ms=5, label="validation loss")
     ax.set_xlabel("iteration")
+    _integer_ticks(ax)
     ax.set_ylabel("lm loss")
     ax.set_title(plain(title) or "lm loss by step")
     if len(m):
@@ -109,21 +112,43 @@ def plot_goodput(gp: dict, path: Path, title: str = "") -> Path:
              ("lost work", gp.get("lost_work_s") or 0.0, "tab:red"),
              ("checkpoint", gp.get("checkpoint_s") or 0.0, "tab:blue"),
              ("restart overhead", gp.get("restart_overhead_s") or 0.0, "tab:orange")]
+    qw = gp.get("queue_wait_s") or 0.0
+    unit, div = time_unit(max(sum(sec for _, sec, _ in parts), qw))
     fig, ax = plt.subplots(figsize=(10, 2.8))
     left = 0.0
     for name, sec, color in parts:
-        ax.barh(["allocation"], [sec / 3600], left=[left], color=color, label=f"{name} {sec / 3600:.2f} h")
-        left += sec / 3600
-    qw = gp.get("queue_wait_s") or 0.0
-    ax.barh(["queue wait"], [qw / 3600], color="tab:gray", label=f"queue wait {qw / 3600:.2f} h")
+        ax.barh(["allocation"], [sec / div], left=[left], color=color, label=f"{name} {_amount(sec / div)} {unit}")
+        left += sec / div
+    ax.barh(["queue wait"], [qw / div], color="tab:gray", label=f"queue wait {_amount(qw / div)} {unit}")
     g = gp.get("goodput")
-    ax.set_xlabel("hours")
+    ax.set_xlabel({"s": "seconds", "min": "minutes", "h": "hours"}[unit])
     ax.set_title(plain(title) or (f"goodput {g:.1%}" if g is not None else "goodput unknown (no allocation times)"))
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def time_unit(total_s: float) -> tuple[str, float]:
+    """The unit a duration of ``total_s`` reads best in: seconds up to 2 minutes, minutes up to 2 hours, else
+    hours (a one-minute run's legend in hours would say 0.00 h for everything)."""
+    if total_s < 120:
+        return "s", 1.0
+    if total_s < 7200:
+        return "min", 60.0
+    return "h", 3600.0
+
+
+def _amount(x: float) -> str:
+    return "0" if x == 0 else f"{x:.3g}" if abs(x) < 100 else f"{x:,.0f}"
+
+
+def _integer_ticks(ax) -> None:
+    """Steps are whole numbers: no 2.5 / 7.5 ticks on a short run's step axis."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def plot_mfu_by_layout(layouts: pd.DataFrame, path: Path, reason: str = "") -> Path:

@@ -72,3 +72,25 @@ def test_headless_chromium_screenshot(rendered):
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shutil.copy(shot, ARTIFACTS / "report.png")
     shutil.copy(rendered / "report.html", ARTIFACTS / "report.html")
+
+
+def test_a_small_runs_rendering():
+    """A one-minute run: a one-cell table's caption is not squeezed to the cell's width, the goodput legend is in
+    a unit its numbers show in, and a step axis has whole-number ticks only."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    from analysis.document import to_html
+    from analysis.plots import _integer_ticks, time_unit
+
+    page = to_html([("table", pd.DataFrame(), "one row per attempt that ended before the run finished")], "t")
+    assert "<caption>" not in page
+    assert re.search(r"<p class='cap'>one row per attempt that ended before the run finished</p><table>", page)
+    assert time_unit(45.0) == ("s", 1.0) and time_unit(600.0) == ("min", 60.0) and time_unit(9000.0) == ("h", 3600.0)
+    fig, ax = plt.subplots()
+    ax.plot([1, 2, 3, 4], [3.0, 2.5, 2.2, 2.0])
+    _integer_ticks(ax)
+    fig.canvas.draw()
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    plt.close(fig)
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
