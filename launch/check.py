@@ -376,7 +376,8 @@ def mock_data_warning(job: Job) -> str:
     """The WARNING of a multi-node GPU job on synthetic tokens: allowed (Megatron's own examples benchmark a
     cluster on mock data), said loudly in the check and the submission's summary."""
     c = job.cluster
-    return (f"WARNING: data=mock: {c.nodes} nodes x {c.gpus_per_node} {c.gpu} will train on synthetic tokens "
+    loud = "" if job.force else "WARNING: "  # force=true: the user said it is on purpose; a note then
+    return (f"{loud}data=mock: {c.nodes} nodes x {c.gpus_per_node} {c.gpu} will train on synthetic tokens "
             f"(a benchmark, not a model); for real text set data=indexed data.path=<prefix> "
             f"(python -m launch.preprocess)")
 

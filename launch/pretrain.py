@@ -176,9 +176,13 @@ def checkpoint_verdict(job: Job, run_dir: Path) -> Any:
     """What the run's newest checkpoint means for this launch (:func:`recovery.start_check.judge`): a
     conflict this job cannot load (refused before any rank starts), or nothing left to train."""
     from recovery.identity import read_run_id
-    from recovery.start_check import judge
+    from recovery.resume import Resume
+    from recovery.start_check import Verdict, judge
 
-    return judge(job, job.paths_at(run_dir).checkpoints, read_run_id(run_dir))
+    try:
+        return judge(job, job.paths_at(run_dir).checkpoints, read_run_id(run_dir))
+    except OSError:  # an unreadable or impossible run directory: the write below refuses it in one line
+        return Verdict(Resume(None, None))
 
 
 def conflict_problems(verdict: Any) -> list[Problem]:

@@ -101,9 +101,9 @@ def judge(job: Any, checkpoints: Path, run_id: Optional[str], *, storage: Option
     name, id or model shape the manifest does not share) is left to the ranks' own refusal."""
     st = storage or LocalStorage()
     checkpoints = Path(checkpoints)
-    if not st.is_dir(checkpoints) or not candidates_of(checkpoints, storage=st):
-        return Verdict(Resume(None, None))
     try:
+        if not st.is_dir(checkpoints) or not candidates_of(checkpoints, storage=st):
+            return Verdict(Resume(None, None))
         res = find_latest_verified(checkpoints, storage=st, deep=False)
     except (StorageError, OSError) as exc:  # the ranks meet it and stop with its own exit code
         return Verdict(Resume(None, None), notes=[f"cannot read {checkpoints} ({exc}); the ranks will judge it"])

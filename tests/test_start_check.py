@@ -148,3 +148,10 @@ def test_a_real_run_complete_then_relaunched_in_a_layout_it_cannot_load(tmp_path
     assert "UserWarning" not in log and "known Megatron-Core/torch warnings are filtered" in log, log[-3000:]
     stops = [e for e in res.events if e["event"] == "stop"]
     assert stops[-1]["reason"] == "checkpoint_mismatch" and stops[-1]["code"] == EXIT_CKPT_MISMATCH
+
+
+def test_an_impossible_run_directory_is_left_to_the_write_that_refuses_it(tmp_path):
+    (tmp_path / "afile").write_text("not a directory")
+    job = compose_job([f"cluster.run_root={tmp_path / 'afile' / 'runs'}", "run.name=tiny"])
+    verdict = pretrain.checkpoint_verdict(job, Path(job.run_dir))
+    assert verdict.conflict is None and verdict.complete is None
