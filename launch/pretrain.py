@@ -348,8 +348,8 @@ def _main(cfg: DictConfig, *, runner: Runner, out: TextIO, err: TextIO, sweep: O
         return EXIT_REFUSED
     if verdict.complete:  # nothing left to train: end here, before a rank starts or a job is queued
         print(("note: " if job.dry_run else "") + verdict.complete, file=err)
-        _outcome(job, sweep, "complete", verdict.complete)
         if not job.dry_run:
+            _outcome(job, sweep, "complete", verdict.complete)
             return 0
     # the composed DictConfig prints 5x faster than re-structuring the Job; same text when unchanged
     text = literal_dollars(cfg, OmegaConf.to_yaml(cfg, resolve=True)) if job is composed else job_to_yaml(job)
