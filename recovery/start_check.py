@@ -7,7 +7,7 @@ and the local launcher's start) and the ranks (``train/checkpointer.py``) give t
 * :func:`optimizer_conflict`: can this job load the checkpoint at all? A change of layout (TP,
   PP, DP) is not a conflict: dist-checkpointing reshards model and optimizer state. A change of
   optimizer type (``parallelism.distributed_optimizer``) is: the two optimizer states cannot be
-  converted into each other. The refusal is final (exit 12, ``checkpoint_mismatch``).
+  converted into each other. The refusal is final (exit 15, ``checkpoint_mismatch``).
 * :func:`complete_line`: is there nothing left to train (the checkpoint's step reached the
   target)? Then the launch ends at once, without starting ranks.
 
@@ -76,7 +76,7 @@ def complete_line(step: int, target: int, run_name: str) -> str:
 
 @dataclass
 class Verdict:
-    """What the newest checkpoint means for a launch of ``job``: a ``conflict`` (refuse, exit 12),
+    """What the newest checkpoint means for a launch of ``job``: a ``conflict`` (refuse; on the ranks exit 15),
     ``complete`` (end at once, exit 0), or neither (start the ranks)."""
 
     resume: Resume

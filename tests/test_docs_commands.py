@@ -196,8 +196,6 @@ for _c in RUNNABLE:
 # Documented behaviour the product does not have yet, each with the change that brings it (an entry is removed
 # when that change lands; non-strict, so the change's own merge is not blocked by this list)
 KNOWN_GAPS = {
-    "parallelism.tp=8 training.global_batch_size=1001": "issue 25: data=mock on a multi-node job is still refused "
-                                                        "(a third problem) until it becomes a warning",
 }
 
 

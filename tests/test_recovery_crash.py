@@ -44,7 +44,7 @@ def test_an_attempt_killed_before_it_could_write_its_exit_is_requeued(tmp_path: 
     ("zero_progress", "zero_progress"),  # the guard's decision must not be undone
     ("max_restarts", "max_restarts"),
     ("error", "optimizer_mismatch"),  # a refusal repeats on every attempt (events of older versions)
-    ("checkpoint_mismatch", "checkpoint_mismatch"),  # final: exit 12
+    ("checkpoint_mismatch", "checkpoint_mismatch"),  # final: exit 15
 ])
 def test_decisions_of_the_worker_are_not_requeued(tmp_path: Path, exit_reason: str, stop_reason) -> None:
     events = [("job_start", {})]

@@ -41,7 +41,7 @@ def _commit(job, run_dir: Path, step: int, *, distributed_optimizer: bool, layou
 
 
 def test_checkpoint_mismatch_is_a_final_exit_code():
-    assert FINAL_REASONS["checkpoint_mismatch"] == EXIT_CKPT_MISMATCH == 12 and 12 in FINAL_CODES
+    assert FINAL_REASONS["checkpoint_mismatch"] == EXIT_CKPT_MISMATCH == 15 and 15 in FINAL_CODES
 
 
 def test_only_the_optimizer_type_is_a_conflict():
