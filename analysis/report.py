@@ -144,7 +144,9 @@ def _summary(run: RunInputs, res: dict) -> dict:
     steady = res["by_attempt"]
     return {
         "iterations": int(len(m)),
-        "attempts": figures.attempt_count(_records(run.events)) or int(len(res["attempts"])),
+        # job_start events (separate local launches do not merge), or more when Slurm knows attempts killed before
+        # their first event (status.py counts the same union)
+        "attempts": max(figures.attempt_count(_records(run.events)), int(len(res["attempts"]))),
         "layout": figures.run_layout(_records(run.events)),
         "interruptions": int(len(intr)),
         "counts_by_cause": counts,

@@ -35,7 +35,11 @@ code  name                  meaning
                             configuration (the other optimizer type: parallelism.
                             distributed_optimizer changed); recovery/start_check.py
 42    EXIT_REQUEUE          stop signal -> checkpoint committed -> asked Slurm to requeue
-====  ====================  =======================================================not empty itself; an unreadable file does not fix its permissions). The run stops with the
+====  ====================  ==============================================================
+
+Codes 3-15 are final (:data:`REFUSAL_CODES`): neither the local launcher nor ``recovery.crash`` starts another
+attempt after them, because another attempt would meet the same refusal (a full disk does
+not empty itself; an unreadable file does not fix its permissions). The run stops with the
 reason in ``events.jsonl`` (a ``stop`` event) and on the terminal.
 
 How a stop becomes a requeue
