@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
                "  python analysis/report.py runs/tiny --out report/\n"
                "  python analysis/report.py runs/ --out report/ --gpu h100_sxm   # every run of a sweep root\n"
                "exit codes: 0 written, 2 bad input (a missing path, an unusable --out, --window < 1, ...)\n\n"
-               "documentation: docs/ (and README.md) in the slurmtron repository")
+               "documentation: docs/reports.md in the slurmtron repository")
     ap.add_argument("paths", nargs="+", help="run directories, sweep roots, log files, sacct dumps")
     ap.add_argument("--out", required=True, help="output directory")
     ap.add_argument("--gpu", default=None, help="device for MFU when config.yaml lacks it (e.g. h100_sxm)")

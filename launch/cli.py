@@ -26,7 +26,6 @@ from launch.config import Job
 from launch.problems import format_problems
 
 EXIT_REFUSED = 2
-DOCS = "docs/ (and README.md) in the slurmtron repository"
 GROUPS = ("cluster", "data", "model", "parallelism", "training")
 
 
@@ -165,8 +164,9 @@ common overrides (Hydra key=value; the schema is launch/config.py):
   --cfg job       print the composed config and exit"""
 
 
-def usage(what: str, synopsis: str, extra: str = "", overrides: bool = True) -> str:
-    """A short ``--help`` text: the synopsis, what the command does, the common arguments, the docs."""
+def usage(what: str, synopsis: str, docs: str, extra: str = "", overrides: bool = True) -> str:
+    """A short ``--help`` text: the synopsis, what the command does, the common arguments, the docs page
+    (``docs``: a file name under docs/)."""
     parts = [f"usage: {synopsis}", "", what.strip()]
     if extra:
         parts += ["", extra.rstrip()]
@@ -174,7 +174,7 @@ def usage(what: str, synopsis: str, extra: str = "", overrides: bool = True) -> 
         parts += ["", COMMON_OVERRIDES.format(models=", ".join(group_choices("model")),
                                              clusters=", ".join(group_choices("cluster")),
                                              data=", ".join(group_choices("data")))]
-    parts += ["", f"documentation: {DOCS}"]
+    parts += ["", f"documentation: docs/{docs} in the slurmtron repository"]
     return "\n".join(parts)
 
 

@@ -131,6 +131,7 @@ USAGE = usage(
     "save time, the run's GPU-hours; then whatever pretrain.py would refuse. parallelism=auto ranks every valid\n"
     "layout and names the winner (and, when none fits, the node count on which one would).",
     "python launch/plan.py [key=value ...]   (the same overrides as launch/pretrain.py)",
+    "planning.md",
     "examples:\n"
     "  python launch/plan.py cluster=lustre model=70b\n"
     "  python launch/plan.py cluster=lustre model=405b parallelism=auto cluster.nodes=128 plan.top=5\n"

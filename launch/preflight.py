@@ -66,7 +66,7 @@ pretrain.py refuses the real submission while it holds a FAIL (unless force=true
 options: preflight.steps=N (>= 1), preflight.timeout_s=S, preflight.wait=true, preflight.keep_checkpoint=true
 exit codes: 0 every check passed, 1 a check failed (or the job did not finish), 2 bad input (refused)
 
-documentation: docs/ (and README.md) in the slurmtron repository"""
+documentation: docs/planning.md in the slurmtron repository"""
 WORKER_MODULE = "train.preflight_worker"
 BREAK_ENV = "SLURMTRON_TEST_PREFLIGHT_BREAK"
 

@@ -185,7 +185,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                "  python -m launch.preprocess --input corpus.jsonl --output-prefix data/corpus\n"
                "  then train on it: python launch/pretrain.py data=indexed data.path=data/corpus\n"
                "exit codes: 0 written, 2 bad input (nothing written), 3 the output could not be written\n\n"
-               "documentation: docs/ (and README.md) in the slurmtron repository")
+               "documentation: docs/data.md in the slurmtron repository")
     p.add_argument("--input", required=True, type=Path, help="the corpus: .jsonl or plain text")
     p.add_argument("--output-prefix", required=True, help="writes PREFIX.bin and PREFIX.idx")
     p.add_argument("--tokenizer", default="byte", help="byte | hf:<tokenizer.json> | sentencepiece:<model> | "

@@ -43,13 +43,14 @@ USAGE = usage(
     "at once and the job is refused (exit 2, nothing written); dry_run=true prints the batch script instead.\n"
     "With -m, each combination of a sweep is checked and submitted on its own (exit 2 if none is accepted).",
     "python launch/pretrain.py [-m] [key=value ...]",
+    "configuration.md",
     "examples:\n"
     "  python launch/pretrain.py                                   # the tiny model on this machine\n"
     "  python launch/pretrain.py cluster=lustre model=30b dry_run=true\n"
     "  python launch/pretrain.py -m cluster=lustre model=7b parallelism.tp=2,4,8 parallelism.pp=1,2 dry_run=true\n"
     "options: dry_run=true (print, submit nothing), force=true (submit despite a failed preflight)\n"
     "exit codes: 0 submitted, 1 the submission failed, 2 refused (bad input, nothing written);\n"
-    "            cluster=local ends with the run's own code (0 complete; the others are in docs/)")
+    "            cluster=local ends with the run's own code (0 complete; the others are in docs/recovery.md)")
 
 
 @dataclass

@@ -49,7 +49,7 @@ options: --json (machine-readable), --watch [SECONDS] (refresh until the run end
 exit codes: 0 shown, 2 no such run or sweep (or a name the run-directory rule refuses), 3 the run's
             config.yaml or the sweep registry cannot be read
 
-documentation: docs/ (and README.md) in the slurmtron repository"""
+documentation: docs/monitoring.md in the slurmtron repository"""
 
 
 def _dur(seconds: Optional[float]) -> str:

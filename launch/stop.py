@@ -40,7 +40,7 @@ starts. Submitting the same run again with launch/pretrain.py clears the request
 exit codes: 0 request written (<run_dir>/stop.json), 2 bad input (no such run, a bad at_step),
             3 the run is already complete (nothing written), 4 stop.json cannot be written
 
-documentation: docs/ (and README.md) in the slurmtron repository"""
+documentation: docs/stopping.md in the slurmtron repository"""
 
 
 def parse_args(argv: Sequence[str]) -> tuple[Optional[Path], list[str], Optional[int]]:

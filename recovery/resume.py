@@ -460,7 +460,7 @@ the restart does. Moves nothing ("would quarantine").
 exit codes: 0 it would resume, 1 nothing to resume (it would start at step 0), 2 bad argument,
             3 it would refuse (the reason is printed)
 
-documentation: docs/ (and README.md) in the slurmtron repository"""
+documentation: docs/recovery.md in the slurmtron repository"""
 
 
 def main(argv: Optional[list[str]] = None) -> int:
