@@ -113,8 +113,26 @@ def override_error_line(exc: BaseException, argv: Sequence[str] = ()) -> str:
             why = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
             return f"refused: {typed or key}: {why}"
         return f"refused: {msg}"
+    if isinstance(exc, ValueError) and str(exc).startswith("Config group override must be a string"):
+        line = _group_value_line(argv)  # model=70: Hydra parsed the choice as a number
+        if line:
+            return line
     text = str(exc).strip()
     return f"refused: {text.splitlines()[0] if text else type(exc).__name__}"
+
+
+def _group_value_line(argv: Sequence[str]) -> str:
+    """One line for a config group given a value that is no name (``model=70``), or ''."""
+    for a in argv:
+        key, sep, value = a.partition("=")
+        group = key.lstrip("+~")
+        if sep and group in GROUPS and value not in group_choices(group):
+            options = group_choices(group)
+            guess = _close(value, options)
+            hint = f"did you mean {group}={guess}? " if guess else ""
+            return (f"refused: {a}: {group} takes one of its choices by name; {hint}"
+                    f"(choices: {', '.join(options)})")
+    return ""
 
 
 def interpolation_refusal(exc: InterpolationResolutionError) -> str:

@@ -36,9 +36,11 @@ def test_schema_suggestion_walks_the_dataclasses(dotted, bad, guess):
     ("parallelism.tp=abc", "refused: parallelism.tp=abc: Value 'abc' of type 'str' could not be converted to Integer"),
     ("run.name=héllo wörld", "refused: cannot parse the override 'run.name=héllo wörld'"),
     ("parallelism.tp=[1", "refused: cannot parse the override 'parallelism.tp=[1'"),
+    ("model=70", "refused: model=70: model takes one of its choices by name; did you mean model=70b? (choices: "),
+    ("cluster=1", "refused: cluster=1: cluster takes one of its choices by name; (choices: "),
 ])
 def test_every_hydra_override_error_is_one_line(override, expected):
-    with pytest.raises((ConfigCompositionException, OverrideParseException)) as info:
+    with pytest.raises((ConfigCompositionException, OverrideParseException, ValueError)) as info:
         compose_config([override])
     line = override_error_line(info.value, [override])
     assert "\n" not in line and expected in line, line
