@@ -30,6 +30,7 @@ from analysis.mfu import (
 from analysis.document import counts, csv_safe, num, pct, to_html, to_markdown
 from analysis.plots import plot_goodput, plot_loss_by_step, plot_mfu_by_layout, plot_timeline
 from analysis.signatures import CAUSES
+from analysis.slice_end import report_line
 from launch.paths import RunDirError, given_run_dir
 
 __all__ = ["main", "analyze_run", "ITERATIONS_CSV_COLUMNS"]
@@ -167,6 +168,8 @@ def _summary(run: RunInputs, res: dict) -> dict:
         if len(m) and res["computed"] else None,
         "stragglers": res["stragglers"][res["stragglers"]["straggler"]].to_dict("records"),
         "live_alerts": {k: int((res["live"]["event"] == k).sum()) for k in LIVE_EVENTS if (res["live"]["event"] == k).any()},
+        # the last attempt ended TIMEOUT with no stop checkpoint and nothing requeued it (analysis/slice_end.py)
+        "ended_unanswered_timeout": report_line(run.sacct, run.events, run.config, run.name),
     }
 
 
@@ -348,7 +351,8 @@ def run_blocks(name: str, s: dict, res: dict, args: argparse.Namespace, mfu_reas
     tokens = f"{num(s['tokens_per_s'])} tokens/s" if s["tokens_per_s"] is not None else ""
     return [
         ("h", 2, f"Run {name}"),
-        ("ul", [f"iterations parsed: {s['iterations']:,} (unreadable lines skipped: {counts(s['skipped_lines'])})",
+        ("ul", ([f"ended: {s['ended_unanswered_timeout']}"] if s.get("ended_unanswered_timeout") else []) + [
+                f"iterations parsed: {s['iterations']:,} (unreadable lines skipped: {counts(s['skipped_lines'])})",
                 (f"layout: {s['layout']}; " if s.get("layout") else "") + f"attempts: {s['attempts']}; interruptions: {s['interruptions']} ({counts(s['counts_by_cause'])})",
                 f"goodput {pct(s['goodput']['goodput'])}; {mfu}" + "".join(f"; {x}" for x in (tflops, tokens) if x),
                 f"steps with a throughput regression (rolling {args.window} steps vs the baseline, "

@@ -283,18 +283,13 @@ def _count_attempts(state: RunState, events: list[dict], sacct: Any) -> None:
         state.attempts = max(state.attempts, len(keys))
 
 
-def continue_hint(job: Job, step: Optional[int]) -> str:
-    """How to go on with a run that ended before its last step."""
-    where = f"the step-{step} checkpoint" if step is not None else "its newest verified checkpoint"
-    return (f"continue with: the same python launch/pretrain.py command (run.name={job.run.name}); it resumes "
-            f"from {where}")
-
-
 def _explain_end(state: RunState, events: list[dict], job: Job) -> None:
     """Slurm's end state, read with the worker's own last word: a drained run is ``stopped``, not ``completed``;
     a slice that ended TIMEOUT without its stop checkpoint says so; each with how to continue."""
     if state.state not in ("completed", "cancelled", "timeout") or not state.job_id:
         return
+    from analysis.slice_end import attempt_events, continue_hint, timeout_line, unanswered_timeout
+
     mine = [e for e in events if str(e.get("job_id")) == state.job_id] or events  # (a job that wrote nothing)
     last_exit = next((e for e in reversed(mine) if e.get("event") == "exit"), None)
     last_stop = next((e for e in reversed(mine) if e.get("event") == "stop"), None)
@@ -304,13 +299,12 @@ def _explain_end(state: RunState, events: list[dict], job: Job) -> None:
         who = (last_stop or {}).get("reason") or "user_stop"
         step = last_exit.get("step")
         state.state = "stopped"
-        state.reason = f"{who} at step {step}; {continue_hint(job, step)}"
+        state.reason = f"{who} at step {step}; {continue_hint(job.run.name, step)}"
         return
     if state.state == "completed":
         state.reason = "Slurm says COMPLETED but the worker logged no completion"
-    elif state.state == "timeout" and (last_exit is None or last_exit.get("reason") != "requeue"):
-        state.reason = (f"the slice ran out of time (run.time_limit_min={job.run.time_limit_min}) before a stop "
-                        f"checkpoint, and nothing requeued it; {continue_hint(job, state.checkpoint_step)}")
+    elif state.state == "timeout" and unanswered_timeout("TIMEOUT", attempt_events(events, state.job_id)):
+        state.reason = timeout_line(job.run.time_limit_min, job.run.name, state.checkpoint_step)
 
 
 def _slices_left(state: RunState, job: Job, events: list[dict], now: float) -> None:
