@@ -86,3 +86,38 @@ def _later(job_id: Any, than: str) -> bool:
         return int(head) if head.isdigit() else None
     a, b = num(job_id), num(than)
     return a is not None and b is not None and a > b
+
+
+def previous_attempt(events: Iterable[Mapping[str, Any]], job_id: Optional[str],
+                     restart: int) -> Optional[dict]:
+    """The attempt before this one (job ``job_id``, restart ``restart``) when it was another Slurm job (a
+    ``run.dependency_chain`` continuation, a resubmission) and its own events hold no exit that handled its end:
+    ``{"job_id", "restart_count", "last_step", "events"}`` (``last_step``: its newest logged iteration, or None).
+    None otherwise: no earlier attempt, the same job requeued (Slurm never requeues a TIMEOUT), a local run, an
+    answered end. Whether Slurm ended it TIMEOUT is the caller's question to sacct (:func:`unanswered_timeout`)."""
+    records = list(events)
+    starts = [e for e in records if e.get("event") == "job_start" and (e.get("rank") or 0) == 0
+              and not (str(e.get("job_id")) == str(job_id) and (_restart(e) or 0) == restart)]
+    if not starts or job_id is None:
+        return None
+    prev = starts[-1]
+    prev_job, prev_restart = prev.get("job_id"), _restart(prev) or 0
+    if prev_job is None or str(prev_job) == str(job_id):
+        return None
+    mine = attempt_events(records, str(prev_job), prev_restart)
+    if not unanswered_timeout("TIMEOUT", mine):
+        return None
+    steps = [e.get("step") for e in mine if e.get("event") == "iteration"]
+    steps = [int(s) for s in steps if isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s)]
+    return {"job_id": str(prev_job), "restart_count": prev_restart, "last_step": max(steps, default=None),
+            "events": mine}
+
+
+def previous_timeout_line(prev: Mapping[str, Any], resume_step: Optional[int], time_limit_min: Any) -> str:
+    """The WARNING a slice prints when the slice before it ended TIMEOUT unanswered."""
+    last, resumed = prev.get("last_step"), resume_step or 0
+    lost = (f"{max(0, last - resumed)} step(s) lost (it logged step {last}; this slice resumes from step {resumed})"
+            if last is not None else f"this slice resumes from step {resumed}")
+    return (f"WARNING: the previous slice (job {prev['job_id']}) ran out of time (run.time_limit_min="
+            f"{time_limit_min}) before a stop checkpoint and wrote no exit: {lost}; if this repeats, its start-up "
+            "outlasts the slice: raise run.time_limit_min (the job check says how far)")

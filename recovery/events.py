@@ -25,6 +25,8 @@ stop                reason, code, detail -- an attempt refused or ended: zero_pr
                     who stopped it: user_cancel|user_stop|user_requeue|preemption|time_limit|node_failure|
                     undecided|local_signal|requeue_signal, with requeue (bool), evidence (Slurm's answer) and step
 exit                reason (completed|requeue|stopped|signal|error|unsupported_software|...), code, step
+previous_slice_timeout job_id_previous, restart_previous, slurm_state, last_step, resume_step, steps_lost -- the
+                    slice before this one ended TIMEOUT with no stop checkpoint and no exit (train/previous_slice.py)
 train_end           step, consumed_samples
 iteration           step, loss, grad_norm, lr (repr of the float: exact), consumed_samples, seconds
                     -- every training.log_interval steps, like the log line

@@ -312,12 +312,26 @@ def _train(ctx: RankContext) -> int:
              source=ctx.dist.source)
     if not start.ok:
         return _refuse_start(ctx, start)
+    _note_previous_slice(ctx, start)
     watch = _startup_watch(ctx)
     try:
         return _train_started(ctx, start, iters, watch)
     finally:
         if watch is not None:
             watch.stop()
+
+
+def _note_previous_slice(ctx: RankContext, start) -> None:
+    """Rank 0: the slice before this one ended TIMEOUT without a word is a WARNING and a ``previous_slice_timeout``
+    event with the steps lost (:mod:`train.previous_slice`); this slice trains on either way."""
+    if not (ctx.is_first and ctx.job_id):
+        return
+    from train.previous_slice import note_previous_slice
+
+    try:
+        note_previous_slice(ctx, start.resume.step)
+    except Exception as exc:  # a diagnosis of the previous slice never stops this one
+        print(f"WARNING: could not check how the previous slice ended ({type(exc).__name__}: {exc})", flush=True)
 
 
 def _startup_watch(ctx: RankContext) -> Any:
