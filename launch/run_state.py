@@ -276,6 +276,10 @@ def _count_attempts(state: RunState, events: list[dict], sacct: Any) -> None:
             if e.get("event") == "job_start" and (e.get("rank") or 0) == 0 and e.get("job_id") is not None}
     if sacct is not None and not getattr(sacct, "empty", True) and {"is_alloc", "job", "attempt"} <= set(sacct):
         alloc = sacct[sacct["is_alloc"].astype(bool)]
+        if "state" in alloc:  # a pending allocation (or one cancelled before it started) is no attempt
+            alloc = alloc[~alloc["state"].astype(str).isin(("PENDING", "REQUEUED_HOLD", "REQUEUE_HOLD"))]
+        if "start" in alloc:
+            alloc = alloc[alloc["start"].notna()]
         for job, attempt in zip(alloc["job"].astype(str), alloc["attempt"]):
             if job in state.job_ids and attempt == attempt and attempt is not None:
                 keys.add((job, int(attempt)))

@@ -116,6 +116,19 @@ def test_attempts_from_slurm_and_the_event_log_together(tmp_path):
     assert st.attempts == 3
 
 
+def test_a_pending_allocation_is_no_attempt(tmp_path):
+    # sacct -D lists a job that waits in the queue (Start Unknown); a requeued one waits again after one attempt
+    pending = row("9001", "PENDING").replace("2026-11-29T10:42:32|2026-11-29T10:43:32", "Unknown|Unknown")
+    d = new_run(tmp_path, events=[])
+    st = gather(d, runner=Slurm(queue="9001|PENDING|BeginTime", dump=HEADER + "\n" + pending + "\n"))
+    assert st.attempts == 0
+    (tmp_path / "requeued").mkdir()
+    d2 = new_run(tmp_path / "requeued", events=[ev("job_start", 0)])
+    dump = "\n".join([HEADER, row("9001", "REQUEUED"), pending]) + "\n"
+    st = gather(d2, runner=Slurm(queue="9001|PENDING|BeginTime", dump=dump))
+    assert st.attempts == 1
+
+
 def test_no_more_slice_when_the_running_slice_can_finish(tmp_path):
     now = 10_000.0
     d = new_run(tmp_path, events=[ev("job_start", t=now - 60), ev("iteration", step=10, seconds=1.0, t=now)])
