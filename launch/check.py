@@ -157,8 +157,10 @@ def _enums(job: Job) -> list[Problem]:
     """Every choice field against its one list (:data:`launch.config.CHOICES`)."""
     out = []
     for dotted, allowed in CHOICES.items():
-        group, name = dotted.split(".")
-        problem = _enum(dotted, getattr(getattr(job, group), name), allowed)
+        value: Any = job
+        for name in dotted.split("."):
+            value = getattr(value, name)
+        problem = _enum(dotted, value, allowed)
         if problem is not None:
             out.append(problem)
     return out
@@ -191,6 +193,13 @@ def _lifecycle(job: Job) -> list[Problem]:
                         ("run.dependency_chain", job.run.dependency_chain)):
         if value < 0:
             out.append(Problem(name, "must be >= 0", f"{name} = {value}", f"set {name}=0 or more"))
+    for name, value, least in (("training.replay.check_steps", t.replay.check_steps, 0),
+                               ("training.max_skipped_saves", t.max_skipped_saves, 1)):
+        if value < least:
+            out.append(Problem(name, f"must be >= {least}", f"{name} = {value}", f"set {name}={least} or more"))
+    if not t.replay.rtol > 0:
+        out.append(Problem("training.replay.rtol", "the replay tolerance must be a positive fraction",
+                           f"rtol = {t.replay.rtol}", "set training.replay.rtol=1e-3"))
     if t.keep_checkpoints < 1:
         out.append(Problem("training.keep_checkpoints", "must keep at least one checkpoint",
                            f"keep_checkpoints = {t.keep_checkpoints}", "set training.keep_checkpoints=1 or more"))

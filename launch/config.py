@@ -40,6 +40,8 @@ PositionEmbedding = Literal["rope", "learned_absolute"]
 Normalization = Literal["RMSNorm", "LayerNorm"]
 PlanFormat = Literal["table", "json"]
 OnNan = Literal["stop", "rollback"]
+OnReplayMismatch = Literal["auto", "warn", "stop", "rollback"]
+OnSaveFailure = Literal["stop", "retry", "skip"]
 WandbMode = Literal["offline", "online"]
 
 CHOICES: Dict[str, tuple] = {  # dotted field -> allowed values
@@ -53,6 +55,8 @@ CHOICES: Dict[str, tuple] = {  # dotted field -> allowed values
     "plan.format": get_args(PlanFormat),
     "tracking.wandb_mode": get_args(WandbMode),
     "training.on_nan": get_args(OnNan),
+    "training.replay.on_mismatch": get_args(OnReplayMismatch),
+    "training.on_save_failure": get_args(OnSaveFailure),
 }
 
 
@@ -195,6 +199,17 @@ class ClusterConfig:
 
 
 @dataclass
+class ReplayConfig:
+    """Replay parity (recovery/replay.py): after a resume, the first replayed steps are compared with the loss and
+    grad norm the lost attempt logged for them."""
+
+    check_steps: int = 4  # replayed steps compared (0 = off)
+    on_mismatch: str = "auto"  # OnReplayMismatch: auto (stop when bitwise was expected, else warn) | warn | stop |
+    # rollback (quarantine the checkpoint, load the previous verified one, replay again)
+    rtol: float = 1.0e-3  # relative tolerance when the layout, world size or precision differs from the logging attempt
+
+
+@dataclass
 class TrainingConfig:
     """Optimisation and the run's lifecycle (checkpoints, signals, restarts)."""
 
@@ -221,6 +236,10 @@ class TrainingConfig:
     checkpoint_interval: Any = 10  # steps between periodic saves, or 'auto' (Young/Daly)
     keep_checkpoints: int = 3  # newest K verified checkpoints kept
     async_save: bool = True  # periodic saves write in the background (Megatron-Core's async path); stops save sync
+    on_save_failure: str = "stop"  # OnSaveFailure, periodic saves only (a stop or final save always stops): stop |
+    # retry (once, at the next interval) | skip (a WARNING, up to max_skipped_saves failures in a row)
+    max_skipped_saves: int = 3  # on_save_failure=skip: consecutive failed periodic saves before the run stops
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
     signal_lead_time_s: int = 120  # --signal lead: warning this long before the time limit
     max_restarts: int = 20  # requeues allowed before giving up
     zero_progress_restarts: int = 3  # stop after N consecutive restarts with no new checkpoint

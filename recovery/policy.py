@@ -34,10 +34,13 @@ code  name                  meaning
 15    EXIT_CKPT_MISMATCH    refused to start: the run's checkpoint cannot be loaded by this job's
                             configuration (the other optimizer type: parallelism.
                             distributed_optimizer changed); recovery/start_check.py
+16    EXIT_REPLAY_MISMATCH  stopped: the steps replayed after a resume do not reproduce the losses the
+                            lost attempt logged (recovery/replay.py, training.replay.on_mismatch=stop, the
+                            default when bitwise was expected); nothing deleted: the checkpoint is where it was
 42    EXIT_REQUEUE          stop signal -> checkpoint committed -> asked Slurm to requeue
 ====  ====================  ==============================================================
 
-Codes 3-15 are final (:data:`REFUSAL_CODES`): neither the local launcher nor ``recovery.crash`` starts another
+Codes 3-16 are final (:data:`REFUSAL_CODES`): neither the local launcher nor ``recovery.crash`` starts another
 attempt after them, because another attempt would meet the same refusal (a full disk does
 not empty itself; an unreadable file does not fix its permissions). The run stops with the
 reason in ``events.jsonl`` (a ``stop`` event) and on the terminal.
@@ -112,6 +115,7 @@ EXIT_UNSAFE_CKPT = 12
 EXIT_SHARED_CKPT = 13
 EXIT_BAD_CONFIG = 14
 EXIT_CKPT_MISMATCH = 15
+EXIT_REPLAY_MISMATCH = 16
 EXIT_REQUEUE = 42
 
 # stop reason -> exit code, for every final stop (no requeue, no relaunch)
@@ -129,6 +133,7 @@ FINAL_REASONS = {
     "shared_checkpoint": EXIT_SHARED_CKPT,
     "bad_config": EXIT_BAD_CONFIG,
     "checkpoint_mismatch": EXIT_CKPT_MISMATCH,
+    "replay_mismatch": EXIT_REPLAY_MISMATCH,
 }
 REFUSAL_CODES = tuple(sorted(set(FINAL_REASONS.values())))  # "do not retry": never requeued or relaunched
 FINAL_CODES = (EXIT_COMPLETED,) + REFUSAL_CODES

@@ -147,6 +147,8 @@ class Checkpointer(AsyncSaves):
         self._auto_started = False  # 'auto': the measuring save has started
         self._warmup: Optional[Any] = getattr(ctx, "writer_warmup", None)  # joined before the first save
         self._slowest_save_s = 0.0  # start -> durable, the slowest save of this attempt so far
+        self.loaded: Optional[tuple] = None  # (path, step) of the checkpoint this attempt loaded last
+        self.hold_saves = False  # a replay check is running: periodic saves wait (train/replay_parity.py)
 
     def _join_warmup(self) -> None:
         """Before the first save: the writer's warm-up (train.async_ckpt.WriterWarmUp) has finished."""
@@ -182,6 +184,7 @@ class Checkpointer(AsyncSaves):
         ctx.emit("resume", step=state.step, checkpoint=str(resume.path), consumed_samples=state.consumed_samples,
                  from_layout=ts.get("layout"), seconds=loaded.seconds)
         self.saved_steps.add(state.step)
+        self.loaded = (resume.path, state.step)
         if ctx.is_first:  # the measured size the next save needs (the free-space check)
             from recovery.commit import manifest_of
 
@@ -219,6 +222,43 @@ class Checkpointer(AsyncSaves):
         ctx.beat("train", back.step)
         return back
 
+    def replay_rollback(self, state: Any, why: str) -> Optional[Any]:
+        """``training.replay.on_mismatch=rollback``: quarantine the checkpoint this attempt loaded (its replay did not
+        match the log: moved, never deleted), load the newest verified one left; None if there is none."""
+        from recovery.quarantine import quarantine
+        from recovery.resume import find_latest_verified
+        from train import megatron_ckpt
+        from train.train_loop import TrainState
+
+        ctx = self.ctx
+        if self.pending is not None:
+            self.wait_pending("replay rollback")
+        bad_path, bad_step = self.loaded or (None, None)
+        path = None
+        if ctx.is_first and bad_path is not None:
+            moved = quarantine(ctx.paths.checkpoints, bad_path, f"replay mismatch: {why}", storage=ctx.storage)
+            ctx.log(f"WARNING: quarantined {bad_path} -> {moved}: its replayed steps do not match the log")
+            ctx.emit("quarantine", path=str(bad_path), to=str(moved), reason="replay_mismatch", detail=why[:2000])
+            res = find_latest_verified(ctx.paths.checkpoints, storage=ctx.storage)
+            path = res.path
+        path = broadcast(path)
+        self.saved_steps.discard(bad_step)
+        if not path:
+            return None
+        ctx.beat("load", state.step)
+        chunks, optimizer, scheduler = self.parts
+        ts = megatron_ckpt.load(path, chunks, optimizer, scheduler,
+                                distributed_optimizer=self._distributed_optimizer).training_state
+        back = TrainState(step=int(ts["step"]), consumed_samples=int(ts["consumed_samples"]),
+                          skips=[list(x) for x in ts.get("data_skips") or []])
+        self.loaded = (path, back.step)
+        self.saved_steps.add(back.step)
+        ctx.log(f"WARNING: rolled back to the verified checkpoint {path} (iteration {back.step}) after a replay "
+                f"mismatch; replaying from there")
+        ctx.emit("replay_rollback", step=state.step, to_step=back.step, checkpoint=str(path), from_step=bad_step)
+        ctx.beat("train", back.step)
+        return back
+
     # ---- save -----------------------------------------------------------------------------
 
     def after_step(self, state: Any, step_s: float, iters: int) -> None:
@@ -228,11 +268,14 @@ class Checkpointer(AsyncSaves):
         if state.step >= iters:
             return
         if self.interval is None:
-            if not self._auto_started:  # the measuring save (async: resolved when it commits)
+            if not self._auto_started and not self.hold_saves:  # the measuring save (async: resolved when it commits)
                 self._auto_started = True
                 self._periodic(state, step_s)
             return
         if state.step % self.interval == 0 or self._owed is not None:
+            if self.hold_saves:  # a state the replay check has not vouched for yet is not saved: it comes due later
+                self._owed = state.step if self._owed is None else self._owed
+                return
             self._periodic(state, step_s)
 
     def _periodic(self, state: Any, step_s: float) -> None:
@@ -241,6 +284,7 @@ class Checkpointer(AsyncSaves):
 
         self._step_s = step_s
         if not self.async_save:
+            self._owed = None
             save_s = self.save(state, "interval")
             if self.interval is None:
                 self.interval = self._resolve_auto(step_s, save_s)

@@ -410,7 +410,7 @@ def throughput_model(ctx: Any) -> tuple[Optional[float], Optional[float]]:
 @dataclass
 class LoopResult:
     state: TrainState
-    reason: str  # completed | signal (a stop signal or a drain request) | nan
+    reason: str  # completed | signal (a stop signal or a drain request) | nan | replay_mismatch
     signum: int = 0
     requested: bool = False  # a drain request (the stop file) was agreed
     detail: str = ""
@@ -421,7 +421,7 @@ class LoopResult:
 
 def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, state: TrainState,
              iters: int, valid: Optional[SampleSource] = None, judge: Any = None, live: Any = None,
-             nan_hooks: Any = None) -> LoopResult:
+             nan_hooks: Any = None, replay: Any = None) -> LoopResult:
     """Train from ``state`` to ``iters``; at every step boundary all ranks agree on a stop first.
 
     ``ctx`` is the rank's :class:`train.context.RankContext`, ``ckpt`` its
@@ -431,7 +431,8 @@ def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, st
     request file and, on a stop, asks Slurm who stopped the job while the ranks save. After each
     step the rank sends its watcher a heartbeat and feeds ``live`` (:class:`train.stragglers.LiveChecks`);
     a step whose loss or grad norm is non-finite is not applied (:mod:`train.nan_guard`) and ends
-    the loop (``training.on_nan=stop``) or rolls back.
+    the loop (``training.on_nan=stop``) or rolls back. ``replay`` (:class:`train.replay_parity.ReplayParity`)
+    compares the first replayed steps with the lost attempt's log; periodic saves wait until it vouched for them.
     """
     t = ctx.job.training
     gbs = t.global_batch_size
@@ -503,6 +504,17 @@ def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, st
             live.on_step(state.step, compute, elapsed)
         live_s += ctx.clock() - t1
         meter.step_done(state, loss, grad_norm, skipped, elapsed)
+        if replay is not None:
+            action = replay.after_step(state, loss, grad_norm)
+            if action == "rollback":
+                back = replay.rollback(ckpt, state)
+                if back is not None:
+                    state = back
+                    continue
+                action = "stop"
+            if action == "stop":
+                return result("replay_mismatch", detail=replay.detail)
+            ckpt.hold_saves = replay.pending
         if valid is not None and (state.step % t.eval_interval == 0 or state.step == iters):
             validate(ctx, parts, valid, nmb, state.step)
         ckpt.after_step(state, elapsed, iters)

@@ -307,9 +307,11 @@ def _train(ctx: RankContext) -> int:
     start = find_start(ctx)  # rank 0 searches and decides, every rank follows
     if not start.ok and start.decision["reason"] == "run_locked":
         return _refuse_locked(ctx, start)
+    from train.replay_parity import numerics_of, recipe_of
+
     ctx.emit("job_start", world_size=ctx.world, layout=ctx.layout, layout_label=f"{job.layout_label}-dp{job.dp}",
              train_iters=iters, nodes=ctx.dist.nodes,
-             source=ctx.dist.source)
+             source=ctx.dist.source, numerics=numerics_of(job, ctx.world, bool(ctx.cuda)), recipe=recipe_of(job))
     if not start.ok:
         return _refuse_start(ctx, start)
     _note_previous_slice(ctx, start)
@@ -362,6 +364,7 @@ def _train_started(ctx: RankContext, start, iters: int, watch: Any = None) -> in
     from train import tracking, train_loop
     from train.checkpointer import Checkpointer, vet_resume
     from train.data import build_source, build_validation_source, describe, describe_line
+    from train.replay_parity import ReplayParity
 
     job, t = ctx.job, ctx.job.training
     from train.data import start_refusal
@@ -416,10 +419,14 @@ def _train_started(ctx: RankContext, start, iters: int, watch: Any = None) -> in
     if watch is not None:  # from here the step boundary handles the warning (and saves what was trained)
         watch.stop()
     judge = _judge(ctx) if ctx.is_first else None
+    replay = ReplayParity(ctx, state)
+    ckpt.hold_saves = replay.pending
     ctx.phase(f"training from step {state.step + 1} to {iters}; the first step is slower (warm-up)")
     try:
         result = train_loop.run_loop(ctx, parts, ckpt, source, state, iters, valid, judge, live=live,
-                                     nan_hooks=nan_hooks)
+                                     nan_hooks=nan_hooks, replay=replay)
+        replay.finish()
+        ckpt.hold_saves = False
         end = describe(job.data, source, num_samples, result.state.consumed_samples, root)
         ctx.emit("data_position", step=result.state.step, consumed_samples=result.state.consumed_samples,
                  consumed_per_source=[s["consumed"] for s in end.get("sources", [])])
@@ -451,6 +458,16 @@ def _finish(ctx: RankContext, ckpt, parts, result, judge=None) -> int:
         ctx.emit("exit", reason="nan", code=EXIT_NAN, step=result.state.step)
         ctx.log(f"stopping: {result.detail}; nothing non-finite was applied or saved; not requeued")
         return EXIT_NAN
+
+    if result.reason == "replay_mismatch":
+        from recovery.policy import EXIT_REPLAY_MISMATCH
+
+        code = EXIT_REPLAY_MISMATCH
+        ctx.emit("stop", reason="replay_mismatch", code=code, detail=result.detail[:2000])
+        ctx.emit("exit", reason="replay_mismatch", code=code, step=result.state.step)
+        ctx.log(f"stopping: replay_mismatch (exit {code}, final: not requeued or relaunched); nothing was deleted: "
+                f"inspect the checkpoint this attempt loaded, or set training.replay.on_mismatch=rollback|warn")
+        return code
 
     if result.reason == "signal":
         return _after_stop(ctx, result, judge)
