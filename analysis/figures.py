@@ -59,3 +59,34 @@ def tokens_per_s(metrics: Any, warmup: int = WARMUP_STEPS) -> Optional[float]:
     steady = _steady(metrics, warmup)
     value = (steady if len(steady) else metrics)["tokens_per_s"].median()
     return None if value is None or value != value else float(value)
+
+
+def _median(xs: list) -> Optional[float]:
+    xs = sorted(float(x) for x in xs if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x))
+    if not xs:
+        return None
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
+def save_figures(events: Iterable[Mapping[str, Any]]) -> dict:
+    """The checkpoint figures of a run from its events: committed saves with the three numbers of each
+    (``checkpoint_cost``: training blocked, durable, step-time dip while the writer ran; medians), failed saves
+    (``save_failed``, by cause), abandoned writes (``checkpoint_abandoned``) and the replay checks
+    (``replay_match`` / ``replay_mismatch``)."""
+    ev = [e for e in events if _rank0(e.get("rank"))]
+    cost = [e for e in ev if e.get("event") == "checkpoint_cost"]
+    failed = [e for e in ev if e.get("event") == "save_failed"]
+    by_cause: dict = {}
+    for e in failed:
+        by_cause[str(e.get("cause"))] = by_cause.get(str(e.get("cause")), 0) + 1
+    return {
+        "saves": len(cost),
+        "blocked_s": _median([e.get("blocked_s") for e in cost]),
+        "durable_s": _median([e.get("durable_s") for e in cost]),
+        "step_time_dip": _median([e.get("dip") for e in cost]),
+        "failed": len(failed), "failed_by_cause": by_cause,
+        "abandoned": sum(1 for e in ev if e.get("event") == "checkpoint_abandoned"),
+        "replay_matches": sum(1 for e in ev if e.get("event") == "replay_match"),
+        "replay_mismatches": sum(1 for e in ev if e.get("event") == "replay_mismatch"),
+    }

@@ -82,7 +82,8 @@ def analyze_run(run: RunInputs, shape: RunShape, *, window: int = 20, threshold:
     }
 
 
-LIVE_EVENTS = ("hang", "nan", "nan_rollback", "batches_skipped", "straggler", "regression")
+LIVE_EVENTS = ("hang", "nan", "nan_rollback", "batches_skipped", "straggler", "regression", "replay_mismatch",
+               "save_failed", "checkpoint_abandoned")
 
 
 def live_alerts(ev: Optional[pd.DataFrame]) -> pd.DataFrame:
@@ -105,6 +106,11 @@ def live_alerts(ev: Optional[pd.DataFrame]) -> pd.DataFrame:
                     f"for {r.get('intervals')} intervals")
         elif k == "nan":
             what = f"loss {r.get('loss')}, grad norm {r.get('grad_norm')}; policy {r.get('policy')}"
+        elif k in ("replay_mismatch", "checkpoint_abandoned"):
+            what = str(r.get("detail") or "")[:300]
+        elif k == "save_failed":
+            what = (f"{r.get('cause')} ({r.get('save')} save); policy {r.get('policy')}: "
+                    f"{'went on' if r.get('go_on') else 'stopped'}")
         elif k == "nan_rollback":
             what = f"rolled back to step {r.get('to_step')}; skip {r.get('skip_batches')} batch(es)"
         else:
@@ -167,6 +173,7 @@ def _summary(run: RunInputs, res: dict) -> dict:
         "logged_vs_computed_tflops": _num((m["tflops_per_gpu"] / m["tflops"])[m["tflops_per_gpu"] >= 1.0].median())
         if len(m) and res["computed"] else None,
         "stragglers": res["stragglers"][res["stragglers"]["straggler"]].to_dict("records"),
+        "saves": figures.save_figures(_records(run.events)),
         "live_alerts": {k: int((res["live"]["event"] == k).sum()) for k in LIVE_EVENTS if (res["live"]["event"] == k).any()},
         # the last attempt ended TIMEOUT with no stop checkpoint and nothing requeued it (analysis/slice_end.py)
         "ended_unanswered_timeout": report_line(run.sacct, run.events, run.config, run.name),
@@ -357,7 +364,8 @@ def run_blocks(name: str, s: dict, res: dict, args: argparse.Namespace, mfu_reas
                 f"goodput {pct(s['goodput']['goodput'])}; {mfu}" + "".join(f"; {x}" for x in (tflops, tokens) if x),
                 f"steps with a throughput regression (rolling {args.window} steps vs the baseline, "
                 f"+{args.threshold:.0%} slower): {s['regressed_steps']}",
-                "straggler ranks (median step time > 1.1x the ranks' median): " + (", ".join(strag) or "none")]),
+                "straggler ranks (median step time > 1.1x the ranks' median): " + (", ".join(strag) or "none")]
+         + _save_lines(s.get("saves") or {})),
         ("h", 3, "Interruptions"),
         ("table", res["interruptions"], "one row per attempt that ended before the run finished"),
         ("h", 3, "Live alerts"),
@@ -367,6 +375,20 @@ def run_blocks(name: str, s: dict, res: dict, args: argparse.Namespace, mfu_reas
         ("h", 3, "Throughput per attempt"),
         ("table", res["by_attempt"], "median over each attempt's steady steps"),
     ] + [("img", path, caption) for path, caption in figures]
+
+
+def _save_lines(f: dict) -> list:
+    """The checkpoint bullet (the three numbers of a save, failed and abandoned saves, replay checks), when the run
+    recorded any (event logs from before these figures have none)."""
+    if not (f.get("saves") or f.get("failed") or f.get("abandoned") or f.get("replay_matches")
+            or f.get("replay_mismatches")):
+        return []
+    dip = "n/a" if f.get("step_time_dip") is None else f"{f['step_time_dip'] * 100:+.1f}%"
+    return [f"checkpoints: {f['saves']} committed (median training blocked {num(f['blocked_s'])} s, durable "
+            f"{num(f['durable_s'])} s, step-time dip while writing {dip}); failed saves: {f['failed']}"
+            + (f" ({counts(f['failed_by_cause'])})" if f["failed"] else "")
+            + f"; abandoned writes: {f['abandoned']}; replay checks: {f['replay_matches']} matched, "
+            f"{f['replay_mismatches']} mismatched"]
 
 
 def _option_problem(args: argparse.Namespace) -> str | None:

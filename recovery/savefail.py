@@ -14,6 +14,11 @@ every committed checkpoint stays, and the attempt stops with a named reason:
 * ``disk_full`` (ENOSPC, EDQUOT), exit :data:`recovery.policy.EXIT_DISK_FULL`;
 * ``storage_error`` (EACCES, EIO, ESTALE, ...), exit :data:`recovery.policy.EXIT_STORAGE`.
 
+A failed *periodic* save follows ``training.on_save_failure`` (:func:`judge_failure`): ``stop`` (the
+default, as above), ``retry`` (save again at the next interval; a second failure in a row stops) or ``skip``
+(a WARNING, up to ``training.max_skipped_saves`` in a row). Each failure is a ``save_failed`` event with its
+cause; a stop or final save always stops.
+
 Requeue policy: neither is requeued. Space does not come back by itself on a shared
 filesystem (a quota stays full until a person acts), and a requeued attempt would resume from
 the last checkpoint, train, and hit the same wall, burning an allocation each time until the
@@ -116,4 +121,34 @@ def save_failed(exc: BaseException, root: Path, step: int, *, storage: Optional[
     return {"reason": "storage_error", "code": policy.EXIT_STORAGE, "detail": detail, **fields}
 
 
-__all__ = ["space_warning", "save_failed", "StorageError", "MARGIN"]
+
+
+SAVE_POLICIES = ("stop", "retry", "skip")
+
+
+def judge_failure(policy: str, save_reason: str, in_a_row: int, max_skipped: int) -> tuple[bool, str]:
+    """``training.on_save_failure`` on a failed save: (go on?, why), the same for synchronous and asynchronous
+    saves. ``in_a_row``: failed periodic saves in a row, this one included (a committed one resets it).
+
+    * a stop save (``signal``) or the final save always stops: it is the last chance to keep the steps;
+    * ``stop``: the attempt stops with the failure's own reason and exit code;
+    * ``retry``: the next interval saves again (a newer step: the failed one is not kept); a second failure in a
+      row stops;
+    * ``skip``: a WARNING, up to ``max_skipped`` failures in a row, then stop.
+    """
+    if save_reason != "interval":
+        return False, f"a {save_reason} save always stops on a failure"
+    if policy == "retry":
+        if in_a_row >= 2:
+            return False, "training.on_save_failure=retry: the retry at the next interval failed too"
+        return True, "training.on_save_failure=retry: saving again at the next interval"
+    if policy == "skip":
+        if in_a_row > max_skipped:
+            return False, (f"training.on_save_failure=skip: {in_a_row} failed periodic saves in a row > "
+                           f"training.max_skipped_saves={max_skipped}")
+        return True, (f"training.on_save_failure=skip: skipped ({in_a_row} of training.max_skipped_saves="
+                      f"{max_skipped} in a row); the steps since the last committed checkpoint are not durable yet")
+    return False, "training.on_save_failure=stop"
+
+
+__all__ = ["space_warning", "save_failed", "judge_failure", "SAVE_POLICIES", "StorageError", "MARGIN"]

@@ -314,35 +314,60 @@ def test_preflight_local_run_reports_killed_ranks_as_none(tmp_path):
     assert codes == [1, None]  # rank 1 waited in a collective; killed 10 s after rank 0 failed
 
 
-def test_a_write_past_the_save_deadline_is_said_once_and_training_goes_on(tmp_path):
+class _StillWriting:
+    """The writers never finish (the collective "still writing?" answer); rank 0's deadline verdict is everyone's."""
+
+    def __init__(self) -> None:
+        self.abandoned = 0
+
+    def finalized(self, blocking):
+        return False
+
+    def agree(self, mine):
+        return mine
+
+    def abandon(self):
+        self.abandoned += 1
+
+
+@pytest.mark.parametrize("policy", ["stop", "skip"])
+def test_a_write_past_the_save_deadline_is_abandoned_and_the_save_policy_decides(tmp_path, policy):
     from recovery.events import read_events
     from train.async_ckpt import InFlight
-    from train.checkpointer import Checkpointer
+    from train.checkpointer import Checkpointer, SaveFailed
+    from train.train_loop import TrainState
 
     ctx = _rank_context(tmp_path, ["training.async_save=true", "training.hang_save_floor_s=60",
-                                   "training.hang_save_factor=3"])
+                                   "training.hang_save_factor=3", f"training.on_save_failure={policy}",
+                                   "training.checkpoint_interval=100"])
     now = [100.0]
     ctx.clock = lambda: now[0]
-
-    class StillWriting:  # the writers never finish (the collective "still writing?" answer)
-        def finalized(self, blocking):
-            return False
-
+    said = []
+    ctx.log = said.append
     ckpt = Checkpointer(ctx, parts=None)
-    ckpt._writer = StillWriting()
+    ckpt._writer = writer = _StillWriting()
     ckpt._slowest_save_s = 30.0  # deadline max(3 x 30, 60) = 90 s
     ckpt.pending = InFlight(6, "interval", 100.0, 0.4, {})
     for t in (150.0, 189.0):
         now[0] = t
-        ckpt.poll()
-    assert not [e for e in read_events(ctx.paths.events) if e["event"] == "checkpoint_write_slow"]
-    for t in (191.0, 300.0):
-        now[0] = t
-        ckpt.poll()
-    slow = [e for e in read_events(ctx.paths.events) if e["event"] == "checkpoint_write_slow"]
-    assert len(slow) == 1 and slow[0]["step"] == 6 and slow[0]["limit_s"] == 90.0
-    assert "3 x slowest save 30.0 s" in slow[0]["detail"]
-    assert ckpt.pending is not None  # still in flight: nothing abandoned, nothing committed
+        ckpt.after_step(TrainState(step=7), 1.0, 1000)
+    kinds = lambda: [e["event"] for e in read_events(ctx.paths.events)]  # noqa: E731
+    assert kinds() == [] and ckpt.pending is not None and writer.abandoned == 0
+    now[0] = 191.0
+    if policy == "stop":
+        with pytest.raises(SaveFailed) as e:
+            ckpt.after_step(TrainState(step=8), 1.0, 1000)
+        assert e.value.stop["reason"] == "storage_error" and e.value.stop["cause"] == "writer_stuck"
+    else:
+        ckpt.after_step(TrainState(step=8), 1.0, 1000)  # training goes on
+        assert any(line.startswith("WARNING: the checkpoint of iteration 6 failed") for line in said)
+    assert ckpt.pending is None and writer.abandoned == 1
+    ev = read_events(ctx.paths.events)
+    assert [e["event"] for e in ev] == ["checkpoint_abandoned", "save_failed"]
+    (ab, failed) = ev
+    assert (ab["step"], ab["cause"], ab["limit_s"]) == (6, "writer_stuck", 90.0)
+    assert "3 x slowest save 30.0 s" in ab["detail"] and "iter_0000006.tmp" in ab["detail"]
+    assert (failed["cause"], failed["policy"], failed["go_on"]) == ("writer_stuck", policy, policy == "skip")
 
 
 def test_a_crash_with_a_save_in_flight_says_the_save_is_abandoned_unless_its_commit_finished(tmp_path):

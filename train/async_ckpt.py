@@ -32,10 +32,14 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+import statistics
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from train.context import broadcast
+
+
+WAIT_POLL_S = 0.05  # between the collective polls of a wait for the save in flight
 
 
 @dataclass
@@ -50,7 +54,26 @@ class InFlight:
     phase: str = "write"  # write (the forked writers) | commit (rank 0's thread)
     written_s: float = 0.0  # t0 -> every rank's shards finalized
     commit: Optional[Future] = None  # rank 0: the commit thread's result
-    slow_warned: bool = False  # the "still writing after the save deadline" WARNING was given
+    step_times: list = field(default_factory=list)  # seconds of the steps trained while this save was in flight
+
+
+def save_cost(blocked_s: float, durable_s: float, during: list, outside: list) -> dict:
+    """The three numbers of one save: training blocked, time until durable, and the step-time dip while the writer
+    ran (median step time during the write over the median outside it, minus 1; None without steps on both sides:
+    a synchronous save trains no step during its write)."""
+    med_in = statistics.median(during) if during else None
+    med_out = statistics.median(outside) if outside else None
+    dip = (med_in / med_out - 1.0) if med_in is not None and med_out else None
+    return {"blocked_s": blocked_s, "durable_s": durable_s, "step_s_during": med_in, "step_s_outside": med_out,
+            "steps_during": len(during), "dip": dip}
+
+
+def cost_words(c: dict) -> str:
+    """The three numbers in words, for the log line."""
+    dip = ("no step trained during the write" if c["dip"] is None else
+           f"step time during the write {c['step_s_during'] * 1000:.1f} ms vs {c['step_s_outside'] * 1000:.1f} ms "
+           f"outside ({c['dip'] * 100:+.1f}%, {c['steps_during']} step(s))")
+    return f"training blocked {c['blocked_s']:.2f} s, durable {c['durable_s']:.2f} s after the start, {dip}"
 
 
 def delayed_write(delay_s: float, fn: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -88,6 +111,31 @@ class AsyncWriter:
         A failed write on any rank raises torch's ``CheckpointException`` on every rank."""
         done = self.queue.maybe_finalize_async_calls(blocking=blocking)
         return bool(done)
+
+    def agree(self, mine: bool) -> bool:
+        """Every rank (collective): rank 0's verdict (its clock decides a deadline), the same on every rank."""
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([int(mine)], dtype=torch.int64)
+        dist.broadcast(t, src=0)
+        return bool(t.item())
+
+    def abandon(self) -> None:
+        """Every rank, agreed: give up the write in flight. Its forked writer (and the writer processes it forked)
+        is killed; the request leaves the queue, so the next save's index is the same on every rank."""
+        import psutil
+
+        while self.queue.async_calls:
+            call = self.queue.async_calls.popleft()
+            proc = getattr(call.async_caller, "process", None)
+            if proc is not None and proc.pid is not None:
+                try:
+                    for child in psutil.Process(proc.pid).children(recursive=True):
+                        child.kill()
+                except psutil.Error:
+                    pass
+            call.async_caller.close(abort=True)
 
     def submit(self, fn: Callable, *args: Any) -> Future:
         assert self.pool is not None, "the commit runs on rank 0"
@@ -131,7 +179,7 @@ class AsyncSaves:
         try:
             request = megatron_ckpt.start_shards_async(ctx.paths.staging(step), sd,
                                                        distributed_optimizer=self._distributed_optimizer)
-            self._writer.schedule(request, ctx.hooks.async_write_sleep_s)
+            self._writer.schedule(request, ctx.hooks.write_delay(step))
         except (Exception, CheckpointException) as e:
             self._agree(self._failed(e, step) if ctx.is_first else None, e)
             raise
@@ -158,7 +206,7 @@ class AsyncSaves:
                 self._agree(self._failed(e, p.step) if ctx.is_first else None, e)
                 raise
             if not done:
-                self._warn_if_slow(p)
+                self._abandon_if_stuck(p)
                 return
             p.written_s = ctx.clock() - p.t0
             p.phase = "commit"
@@ -190,8 +238,17 @@ class AsyncSaves:
         t0 = ctx.clock()
         ctx.beat("save", p.step)
         ctx.log(f"waiting for the asynchronous save of iteration {p.step} ({why})")
+        from train.checkpointer import SaveFailed
+
         with deferred():
-            self.poll(blocking=True)
+            try:
+                while self.pending is not None:  # non-blocking polls: a stuck writer is abandoned at its deadline
+                    self.poll()
+                    if self.pending is not None:
+                        ctx.sleep(WAIT_POLL_S)
+            except SaveFailed as e:  # the periodic save in flight failed: its policy, then the caller's own save
+                self.judge_failure(e, p.step, p.reason)
+                return ctx.clock() - t0
         waited = ctx.clock() - t0
         ctx.emit("checkpoint_wait", step=p.step, seconds=waited, reason=why)
         ctx.log(f"  the asynchronous save of iteration {p.step} is durable (waited {waited:.2f} s)")
@@ -205,11 +262,13 @@ class AsyncSaves:
             result, record = result
             self._committed(result, p.step, p.reason, p.t0, record=record)
         self.saved_steps.add(p.step)
+        self.failed_in_a_row = 0
         self._slowest_save_s = max(self._slowest_save_s, total)
         ctx.beat("saved", p.step, total)
+        cost = save_cost(p.blocking_s, total, p.step_times, list(self._outside))
         ctx.log(f"  successfully saved checkpoint at iteration {p.step:7d} to {ctx.paths.checkpoint(p.step)} "
-                f"(asynchronous: training blocked {p.blocking_s:.2f} s, written {p.written_s:.2f} s, "
-                f"durable {total:.2f} s after the start)")
+                f"(asynchronous: written {p.written_s:.2f} s after the start; {cost_words(cost)})")
+        self._said_cost(p.step, "async", cost)
         step_s = getattr(self, "_step_s", 0.0)
         if self.interval is None and step_s > 0:
             self.interval = self._resolve_auto(step_s, p.blocking_s, total)
@@ -217,22 +276,33 @@ class AsyncSaves:
             self._check_lead(step_s, total, wait_s=total)
             self._lead_checked = True
 
-    def _warn_if_slow(self, p: Any) -> None:
-        """A write still going past the save deadline the hang watchdog would apply to a blocking save
-        (max(training.hang_save_factor x the slowest save so far, training.hang_save_floor_s)): training goes on
-        and the next saves wait for it, so say it once (WARNING + ``checkpoint_write_slow``) rather than silently."""
+    def _abandon_if_stuck(self, p: Any) -> None:
+        """A write not durable within the save deadline the hang watchdog applies to a blocking save
+        (max(training.hang_save_factor x the slowest save so far, training.hang_save_floor_s)) is abandoned on every
+        rank (rank 0's clock decides; collective): its writers are killed, its staging directory stays
+        ``iter_N.tmp`` and is never loaded, a WARNING and ``checkpoint_abandoned`` (cause ``writer_stuck``) say so,
+        and :class:`train.checkpointer.SaveFailed` hands it to ``training.on_save_failure``. Training never waits
+        behind a stuck writer."""
+        from recovery import policy
+        from train.checkpointer import SaveFailed
+
         t, ctx = self.ctx.job.training, self.ctx
         limit = max(t.hang_save_factor * self._slowest_save_s, t.hang_save_floor_s)
         age = ctx.clock() - p.t0
-        if p.slow_warned or age <= limit:
+        if not self._writer.agree(ctx.is_first and age > limit):
             return
-        p.slow_warned = True
-        msg = (f"the asynchronous save of iteration {p.step} is still being written after {age:.0f} s > "
-               f"max(training.hang_save_factor {t.hang_save_factor:g} x slowest save {self._slowest_save_s:.1f} s, "
-               f"training.hang_save_floor_s {t.hang_save_floor_s:g}) = {limit:.0f} s; training goes on, later "
-               f"saves wait for it (a stuck writer or a slow filesystem: see the checkpoint directory's storage)")
+        self._writer.abandon()
+        self.pending = None
+        msg = (f"the asynchronous save of iteration {p.step} is not durable after {age:.0f} s > max("
+               f"training.hang_save_factor {t.hang_save_factor:g} x slowest save {self._slowest_save_s:.1f} s, "
+               f"training.hang_save_floor_s {t.hang_save_floor_s:g}) = {limit:.0f} s: its writer is stuck (or the "
+               f"filesystem too slow); abandoned: its writers were killed, {ctx.paths.staging(p.step).name} stays and "
+               f"is never loaded")
         ctx.log(f"WARNING: {msg}")
-        ctx.emit("checkpoint_write_slow", step=p.step, seconds=age, limit_s=limit, detail=msg)
+        ctx.emit("checkpoint_abandoned", step=p.step, phase=p.phase, cause="writer_stuck", seconds=age, limit_s=limit,
+                 detail=msg)
+        raise SaveFailed({"reason": "storage_error", "cause": "writer_stuck", "code": policy.EXIT_STORAGE,
+                          "detail": msg, "step": p.step})
 
     def _commit_async(self, p: Any) -> tuple:
         """Rank 0's commit thread: every rank's shards are written and finalized; make them durable."""
@@ -242,6 +312,8 @@ class AsyncSaves:
         try:
             if ctx.hooks.save_sleep_s > 0:
                 ctx.sleep(ctx.hooks.save_sleep_s)
+            self._commits += 1
+            ctx.hooks.fail_commit(self._commits, ctx.paths.staging(p.step))
             result = commit.commit(ctx.paths.checkpoints, p.step, p.meta, keep=ctx.job.training.keep_checkpoints,
                                    storage=ctx.storage, run=self.identity)
             # durable now: recorded at once (the event log appends one line per write), not at the agreement a

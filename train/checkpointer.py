@@ -12,13 +12,17 @@ the shard format is Megatron-Core's ``dist_checkpointing`` (:mod:`train.megatron
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
 from recovery.interval import resolve_interval
 from recovery.resume import Resume
-from train.async_ckpt import AsyncSaves
+from train.async_ckpt import AsyncSaves, save_cost
 from train.context import RankContext, broadcast, gather, model_shape
+
+
+OUTSIDE_STEPS = 50  # recent steps without a save in flight: the baseline of a save's step-time dip
 
 
 @dataclass
@@ -40,6 +44,7 @@ class SaveFailed(RuntimeError):
 
     def __init__(self, stop: dict) -> None:
         self.stop = stop
+        self.reported = False  # its save_failed event was written (the checkpointer's policy judged it)
         super().__init__(stop["detail"])
 
 
@@ -149,6 +154,9 @@ class Checkpointer(AsyncSaves):
         self._slowest_save_s = 0.0  # start -> durable, the slowest save of this attempt so far
         self.loaded: Optional[tuple] = None  # (path, step) of the checkpoint this attempt loaded last
         self.hold_saves = False  # a replay check is running: periodic saves wait (train/replay_parity.py)
+        self.failed_in_a_row = 0  # failed periodic saves since the last committed one (training.on_save_failure)
+        self._outside: deque = deque(maxlen=OUTSIDE_STEPS)  # step seconds while no save was in flight
+        self._commits = 0  # commits this attempt began (rank 0; the SLURMTRON_TEST_SAVE_EIO hook counts them)
 
     def _join_warmup(self) -> None:
         """Before the first save: the writer's warm-up (train.async_ckpt.WriterWarmUp) has finished."""
@@ -264,7 +272,12 @@ class Checkpointer(AsyncSaves):
     def after_step(self, state: Any, step_s: float, iters: int) -> None:
         """A step is done: finish an async save whose write ended, then save at the interval (the first step
         resolves ``auto``); never after the last step (the final save is save_final's)."""
-        self.poll()
+        step = self.pending.step if self.pending is not None else state.step
+        (self.pending.step_times if self.pending is not None else self._outside).append(step_s)
+        try:
+            self.poll()
+        except SaveFailed as e:  # an asynchronous periodic save failed: the policy decides
+            self.judge_failure(e, step, "interval")
         if state.step >= iters:
             return
         if self.interval is None:
@@ -279,7 +292,32 @@ class Checkpointer(AsyncSaves):
             self._periodic(state, step_s)
 
     def _periodic(self, state: Any, step_s: float) -> None:
-        """An interval save: asynchronous if configured (at most one in flight), else synchronous."""
+        """An interval save (asynchronous if configured, at most one in flight, else synchronous); a failure
+        follows ``training.on_save_failure`` (:meth:`judge_failure`)."""
+        try:
+            self._periodic_save(state, step_s)
+        except SaveFailed as e:
+            self.judge_failure(e, state.step, "interval")
+
+    def judge_failure(self, e: "SaveFailed", step: int, save_reason: str) -> None:
+        """Every rank, after a save failed (its staging directory was removed, committed checkpoints untouched):
+        a ``save_failed`` event with the cause; raise ``e`` (the attempt stops with its reason) unless the policy
+        goes on (:func:`recovery.savefail.judge_failure`), then a WARNING."""
+        from recovery.savefail import judge_failure
+
+        t, ctx = self.ctx.job.training, self.ctx
+        self.failed_in_a_row += 1
+        go_on, why = judge_failure(t.on_save_failure, save_reason, self.failed_in_a_row, t.max_skipped_saves)
+        stop = e.stop
+        ctx.emit("save_failed", step=stop.get("step", step), cause=stop.get("cause", stop["reason"]), save=save_reason,
+                 policy=t.on_save_failure, in_a_row=self.failed_in_a_row, go_on=go_on,
+                 detail=f"{stop['detail']}; {why}"[:2000])
+        e.reported = True
+        if not go_on:
+            raise e
+        ctx.log(f"WARNING: the checkpoint of iteration {step} failed ({stop['reason']}: {stop['detail']}); {why}")
+
+    def _periodic_save(self, state: Any, step_s: float) -> None:
         from recovery.signals import deferred
 
         self._step_s = step_s
@@ -366,6 +404,8 @@ class Checkpointer(AsyncSaves):
             if ctx.hooks.save_sleep_s > 0:
                 ctx.sleep(ctx.hooks.save_sleep_s)
             try:
+                self._commits += 1
+                ctx.hooks.fail_commit(self._commits, ctx.paths.staging(step))
                 result = commit.commit(ctx.paths.checkpoints, step, meta, keep=ctx.job.training.keep_checkpoints,
                                        storage=ctx.storage, run=self.identity, digests=self._digests(sealed, step))
             except Exception as e:
@@ -376,11 +416,21 @@ class Checkpointer(AsyncSaves):
                 self._committed(result, step, reason, t0)
         self._agree(stop)
         self.saved_steps.add(step)
+        self.failed_in_a_row = 0
         seconds = ctx.clock() - t0
         self._slowest_save_s = max(self._slowest_save_s, seconds)
         ctx.beat("saved", step, seconds)
         ctx.log(f"  successfully saved checkpoint at iteration {step:7d} to {final} ({seconds:.2f} s)")
+        self._said_cost(step, "sync", save_cost(seconds, seconds, [], list(self._outside)))
         return seconds
+
+    def _said_cost(self, step: int, mode: str, cost: dict) -> None:
+        """The three numbers of a committed save as a ``checkpoint_cost`` event and TensorBoard scalars."""
+        self.ctx.emit("checkpoint_cost", step=step, mode=mode, **cost)
+        if self.ctx.tracker is not None:
+            self.ctx.tracker.scalars(step, {k: v for k, v in (
+                ("ckpt_blocked_s", cost["blocked_s"]), ("ckpt_durable_s", cost["durable_s"]),
+                ("ckpt_step_dip", cost["dip"])) if v is not None})
 
     def _seal_own(self, step: int) -> tuple:
         """Every rank, after its shards are written: fsync and hash them here, while they are in this node's page

@@ -11,6 +11,7 @@ No torch at import time (the collective helper imports it when called).
 from __future__ import annotations
 
 import datetime
+import errno
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
@@ -33,6 +34,8 @@ HANG_AT_ITER_ENV = "SLURMTRON_TEST_HANG_AT_ITER"  # with _HANG_RANK (0), _HANG_I
 NAN_AT_ITER_ENV = "SLURMTRON_TEST_NAN_AT_ITER"
 SLOW_RANK_ENV = "SLURMTRON_TEST_SLOW_RANK"  # R:S
 OVERFLOW_AT_ITER_ENV = "SLURMTRON_TEST_OVERFLOW_AT_ITER"  # N[,M...]: every gradient of those iterations is inf
+SAVE_EIO_ENV = "SLURMTRON_TEST_SAVE_EIO"  # K: the first K commits of each attempt fail with EIO
+ASYNC_HANG_AT_ENV = "SLURMTRON_TEST_ASYNC_HANG_AT"  # N: the async writer of step N hangs (sleeps _HANG_S)
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,8 @@ class Hooks:
     slow_rank: int = -1
     slow_s: float = 0.0
     overflow_at_iters: tuple = ()
+    save_eio: int = 0
+    async_hang_at: int = 0
 
     @staticmethod
     def from_env(env: Mapping[str, str]) -> "Hooks":
@@ -73,7 +78,19 @@ class Hooks:
             slow_rank=int(slow[0]) if len(slow) == 2 else -1,
             slow_s=float(slow[1]) if len(slow) == 2 else 0.0,
             overflow_at_iters=tuple(int(x) for x in (env.get(OVERFLOW_AT_ITER_ENV) or "").split(",") if x.strip()),
+            save_eio=int(env.get(SAVE_EIO_ENV) or 0),
+            async_hang_at=int(env.get(ASYNC_HANG_AT_ENV) or 0),
         )
+
+    def fail_commit(self, nth: int, where: Any) -> None:
+        """``SLURMTRON_TEST_SAVE_EIO``: the ``nth`` commit of this attempt (rank 0) fails with EIO if nth <= K."""
+        if nth <= self.save_eio:
+            raise OSError(errno.EIO, f"Input/output error (injected: {SAVE_EIO_ENV})", str(where))
+
+    def write_delay(self, step: int) -> float:
+        """Seconds the forked async writer of ``step`` sleeps before writing (``SLURMTRON_TEST_ASYNC_WRITE_SLEEP_S``,
+        or ``_HANG_S`` for ``SLURMTRON_TEST_ASYNC_HANG_AT``: a stuck writer)."""
+        return self.hang_s if self.async_hang_at and step == self.async_hang_at else self.async_write_sleep_s
 
     def overflows_at(self, iteration: int) -> bool:
         """``SLURMTRON_TEST_OVERFLOW_AT_ITER``: are this iteration's gradients made inf (every attempt)?"""

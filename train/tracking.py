@@ -43,6 +43,8 @@ NAMES = {  # our key -> the TensorBoard tag
     "tokens_per_s": "tokens-per-sec", "mem_allocated": "mem-allocated-bytes",
     "mem_max_allocated": "mem-max-allocated-bytes", "mem_rss": "mem-rss-bytes",
     "val_loss": "lm loss validation", "val_ppl": "lm loss validation ppl",
+    "ckpt_blocked_s": "checkpoint/training-blocked-s", "ckpt_durable_s": "checkpoint/durable-s",
+    "ckpt_step_dip": "checkpoint/step-time-dip",
 }
 
 

@@ -36,6 +36,10 @@ Test hooks, environment switches read by :class:`train.context.Hooks` (never set
     the global batch iteration N reads in an uninterrupted run gets a NaN loss mask;
 ``SLURMTRON_TEST_SLOW_RANK`` = ``R:S``
     rank R spends S more CPU seconds per step reading its samples (a slower device).
+``SLURMTRON_TEST_SAVE_EIO`` = ``K``
+    the first K commits of each attempt fail with EIO on rank 0 (sync and async alike).
+``SLURMTRON_TEST_ASYNC_HANG_AT`` = ``N``
+    the forked asynchronous writer of step N sleeps ``SLURMTRON_TEST_HANG_S`` before writing (a stuck writer).
 ``SLURMTRON_TEST_OVERFLOW_AT_ITER`` = ``N[,M...]``
     after the backward pass of those iterations every rank sets its gradients to inf: with fp16 a
     loss-scale overflow (the step is skipped and the scale lowered), otherwise a non-finite grad norm.
@@ -200,7 +204,10 @@ def _run_reporting(ctx: RankContext) -> int:
         # a named, final stop (no traceback needed)
         if isinstance(e, (SaveFailed, UnsafeCheckpoint)):
             stop = e.stop
-            fields = {k: v for k, v in stop.items() if k not in ("reason", "code", "detail")}
+            fields = {k: v for k, v in stop.items() if k not in ("reason", "code", "detail", "cause")}
+            if isinstance(e, SaveFailed) and not e.reported:  # a stop or final save: no policy applies
+                ctx.emit("save_failed", step=stop.get("step"), cause=stop.get("cause", stop["reason"]), save="stop_or_final",
+                         go_on=False, detail=stop["detail"][:2000])
             ctx.emit("stop", reason=stop["reason"], code=stop["code"], detail=stop["detail"], **fields)
             ctx.emit("exit", reason=stop["reason"], code=stop["code"], step=stop.get("step"))
             ctx.log(f"stopping: {stop['reason']}: {stop['detail']}")
