@@ -17,6 +17,9 @@ four attempts measured side by side in one run:
 * **resume**: the sync run's next attempt, from its stop checkpoint: restart overhead (rank
   spawn -> first step) vs the cold start of the first attempt.
 
+Every committed save of the sync and async runs also gets its three numbers from its ``checkpoint_cost`` event:
+training blocked, time until durable, and the step-time dip while the writer ran.
+
 Signal -> durable (signal sent -> rank 0's ``checkpoint_saved`` event of the stop step) is
 compared with bytes / the fsynced sequential write bandwidth of the same filesystem (measured
 here, same size) plus one step (the signal can land just after a step began). Goals (issue 15):
@@ -161,6 +164,17 @@ def main(argv: list[str] | None = None) -> int:
         f"Signal -> durable vs the floor (goal <= 1.5x): {'; '.join(verdicts)}.",
         "",
     ]
+    lines += ["Three numbers per committed save (`checkpoint_cost` events: training blocked, time until durable, "
+              "median step time while the writer ran vs recent steps without a save in flight):", "",
+              "| run | step | training blocked | durable | step-time dip while writing |", "|---|---|---|---|---|"]
+    for label, r in (("sync", sync), ("async", asyn)):
+        for c in of(r["ev"], "checkpoint_cost"):
+            dip = ("n/a (no step during a sync write)" if c.get("dip") is None else
+                   f"{c['step_s_during']:.2f} s vs {c['step_s_outside']:.2f} s = **{100 * c['dip']:+.0f}%** "
+                   f"({c['steps_during']} steps)")
+            lines.append(f"| {label} | {c['step']} | {float(c['blocked_s']):.2f} s | {float(c['durable_s']):.2f} s | "
+                         f"{dip} |")
+    lines.append("")
     text = "\n".join(lines)
     print(text)
     if args.append:

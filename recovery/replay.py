@@ -164,9 +164,8 @@ class Verdict:
             verb = "matches" if len(self.steps) == 1 else "match"
             return f"replayed {self.span()} {verb} the lost attempt {how}"
         d = self.diffs
-        said = "; ".join(
-            f"{x.field} logged {x.logged} replayed {x.replayed}" + (f" (relative {x.rel:.3g})" if x.rel is not None else "")
-            for x in d)
+        said = "; ".join(f"{x.field} logged {x.logged} replayed {x.replayed}"
+                         + (f" (relative {x.rel:.3g})" if x.rel is not None else "") for x in d)
         want = "bitwise" if self.mode == "bitwise" else f"within relative {rtol:g}"
         return (f"replayed step {d[0].step} does not match the lost attempt ({want} expected): {said}; the checkpoint "
                 f"(its optimizer state or data position) or determinism is wrong "

@@ -181,6 +181,11 @@ def test_faults_resume_bitwise_equal(layout, reference, tmp_path):
             assert saved[-1]["step"] == sig["step"] and saved[-1]["reason"] in ("signal", "interval"), saved
             assert [e["method"] for e in es if e["event"] == "requeue"] == ["exit_code"]  # not under Slurm
 
+    # replay parity said so: the resume after the corrupted checkpoint (at least) replayed logged steps, bitwise
+    events = read_events(run_dir / "events.jsonl")
+    matches = [e for e in events if e["event"] == "replay_match"]
+    assert matches and all(e["mode"] == "bitwise" and e["max_rel"] == 0.0 for e in matches), matches
+    assert not [e for e in events if e["event"] == "replay_mismatch"], logs()
     # bitwise: every logged loss, including steps recomputed after a rollback
     runs = losses_by_attempt(run_dir)
     assert set().union(*[set(v) for v in runs.values()]) == set(range(1, ITERS + 1))

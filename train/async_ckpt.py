@@ -279,10 +279,10 @@ class AsyncSaves:
     def _abandon_if_stuck(self, p: Any) -> None:
         """A write not durable within the save deadline the hang watchdog applies to a blocking save
         (max(training.hang_save_factor x the slowest save so far, training.hang_save_floor_s)) is abandoned on every
-        rank (rank 0's clock decides; collective): its writers are killed, its staging directory stays
-        ``iter_N.tmp`` and is never loaded, a WARNING and ``checkpoint_abandoned`` (cause ``writer_stuck``) say so,
-        and :class:`train.checkpointer.SaveFailed` hands it to ``training.on_save_failure``. Training never waits
-        behind a stuck writer."""
+        rank (rank 0's clock decides; collective): its writers are killed, its staging directory ``iter_N.tmp`` is
+        never loaded (the next commit's prune removes it), a WARNING and ``checkpoint_abandoned`` (cause
+        ``writer_stuck``) say so, and :class:`train.checkpointer.SaveFailed` hands it to ``training.on_save_failure``.
+        Training never waits behind a stuck writer."""
         from recovery import policy
         from train.checkpointer import SaveFailed
 
@@ -296,8 +296,8 @@ class AsyncSaves:
         msg = (f"the asynchronous save of iteration {p.step} is not durable after {age:.0f} s > max("
                f"training.hang_save_factor {t.hang_save_factor:g} x slowest save {self._slowest_save_s:.1f} s, "
                f"training.hang_save_floor_s {t.hang_save_floor_s:g}) = {limit:.0f} s: its writer is stuck (or the "
-               f"filesystem too slow); abandoned: its writers were killed, {ctx.paths.staging(p.step).name} stays and "
-               f"is never loaded")
+               f"filesystem too slow); abandoned: its writers were killed, {ctx.paths.staging(p.step).name} is never "
+               f"loaded")
         ctx.log(f"WARNING: {msg}")
         ctx.emit("checkpoint_abandoned", step=p.step, phase=p.phase, cause="writer_stuck", seconds=age, limit_s=limit,
                  detail=msg)

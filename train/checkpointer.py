@@ -309,8 +309,8 @@ class Checkpointer(AsyncSaves):
         self.failed_in_a_row += 1
         go_on, why = judge_failure(t.on_save_failure, save_reason, self.failed_in_a_row, t.max_skipped_saves)
         stop = e.stop
-        ctx.emit("save_failed", step=stop.get("step", step), cause=stop.get("cause", stop["reason"]), save=save_reason,
-                 policy=t.on_save_failure, in_a_row=self.failed_in_a_row, go_on=go_on,
+        ctx.emit("save_failed", step=stop.get("step", step), cause=stop.get("cause", stop["reason"]),
+                 save=save_reason, policy=t.on_save_failure, in_a_row=self.failed_in_a_row, go_on=go_on,
                  detail=f"{stop['detail']}; {why}"[:2000])
         e.reported = True
         if not go_on:

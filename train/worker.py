@@ -206,8 +206,8 @@ def _run_reporting(ctx: RankContext) -> int:
             stop = e.stop
             fields = {k: v for k, v in stop.items() if k not in ("reason", "code", "detail", "cause")}
             if isinstance(e, SaveFailed) and not e.reported:  # a stop or final save: no policy applies
-                ctx.emit("save_failed", step=stop.get("step"), cause=stop.get("cause", stop["reason"]), save="stop_or_final",
-                         go_on=False, detail=stop["detail"][:2000])
+                ctx.emit("save_failed", step=stop.get("step"), cause=stop.get("cause", stop["reason"]),
+                         save="stop_or_final", go_on=False, detail=stop["detail"][:2000])
             ctx.emit("stop", reason=stop["reason"], code=stop["code"], detail=stop["detail"], **fields)
             ctx.emit("exit", reason=stop["reason"], code=stop["code"], step=stop.get("step"))
             ctx.log(f"stopping: {stop['reason']}: {stop['detail']}")
