@@ -9,13 +9,15 @@ Every record has ``time`` (unix seconds, float), ``event`` (a kind below), ``job
 ==================  ==============================================================
 event               extra fields
 ==================  ==============================================================
-job_start           world_size, layout {tp,pp,vpp,cp,ep,dp}, layout_label (tp2-pp1-nodo-dp2), train_iters, nodes, source (slurm|torchrun)
+job_start           world_size, layout {tp,pp,vpp,cp,ep,dp}, layout_label (tp2-pp1-nodo-dp2), train_iters, nodes, source (slurm|torchrun),
+                    numerics, recipe (what replay parity compares: train/replay_parity.py)
 resume              step, checkpoint, consumed_samples, from_layout, seconds (load time)
 resume_fallback     skipped (path), reason  -- a torn/corrupt checkpoint was passed over
 signal              signal (name), step
 checkpoint_saved    step, path, seconds, bytes, reason (interval|signal|final)
 checkpoint_interval interval, reasoning (Young/Daly)
-checkpoint_abandoned step, phase (write|commit), detail -- an async save in flight when the attempt failed
+checkpoint_abandoned step, phase (write|commit), detail -- an async save in flight when the attempt failed, or
+                    cause writer_stuck, seconds, limit_s: a write not durable within the save deadline
 requeue             method (scontrol|exit_code|scontrol_after_crash), step, signal, job_id_requeued, ok, detail
 lead_time_warning   lead_s, step_s, save_s, detail -- the signal lead is shorter than a step plus a save
 failed_node         host, source -- a node a NODE_FAIL came from (recovery/exclusion.py)
@@ -28,6 +30,13 @@ exit                reason (completed|requeue|stopped|signal|error|unsupported_s
 previous_slice_timeout job_id_previous, restart_previous, slurm_state, last_step, resume_step, steps_lost -- the
                     slice before this one ended TIMEOUT with no stop checkpoint and no exit (train/previous_slice.py)
 train_end           step, consumed_samples
+replay_match        mode (bitwise|tolerance), steps, policy, max_rel, detail -- the replayed steps reproduce the log
+replay_mismatch     mode, steps, step, diffs [{field, logged, replayed, rel}], policy, detail (recovery/replay.py)
+replay_rollback     step, to_step, from_step, checkpoint -- training.replay.on_mismatch=rollback
+replay_check_off    step, detail -- the recipe changed since the logging attempt: nothing to compare
+save_failed         step, cause (storage_error|disk_full|writer_stuck), save (interval|stop_or_final), policy,
+                    in_a_row, go_on, detail -- training.on_save_failure (recovery/savefail.py)
+checkpoint_cost     step, mode (sync|async), blocked_s, durable_s, step_s_during, step_s_outside, steps_during, dip
 iteration           step, loss, grad_norm, lr (repr of the float: exact), consumed_samples, seconds
                     -- every training.log_interval steps, like the log line
 ==================  ==============================================================
