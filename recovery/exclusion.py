@@ -47,6 +47,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
+from launch.hardware_faults import hardware_fault
 from launch.paths import RunPaths
 from recovery import policy
 from recovery.slurm import Runner, Slurm, default_runner
@@ -56,25 +57,6 @@ EXIT_TRAIN, EXIT_REQUEUED = 0, policy.EXIT_REQUEUE
 BAD_NODE_STATES = ("down", "drain", "fail", "not_responding", "no_respond")  # sinfo %T prefixes/words
 EVENT_WINDOW_S = 120  # a node going down this long after the attempt ended still counts (slow detection)
 _HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
-
-# Errors that mean "this node's hardware", not "our code": recorded with the host that raised them.
-HARDWARE_PATTERNS = (
-    (re.compile(r"uncorrectable ECC error", re.I), "uncorrectable ECC error"),
-    (re.compile(r"\bXid\b", re.I), "GPU Xid error"),
-    (re.compile(r"fallen off the bus", re.I), "GPU fell off the bus"),
-    (re.compile(r"CUDA error: (an illegal memory access|unspecified launch failure|ECC)", re.I),
-     "CUDA device fault"),
-    (re.compile(r"NVLink (error|fatal)", re.I), "NVLink error"),
-    (re.compile(r"ibv_\w+ failed|IB(V)? (link|port) (down|error)", re.I), "InfiniBand error"),
-)
-
-
-def hardware_fault(text: str) -> Optional[str]:
-    """A short reason if ``text`` (an exception or its traceback) names a node hardware fault."""
-    for pattern, reason in HARDWARE_PATTERNS:
-        if pattern.search(text or ""):
-            return reason
-    return None
 
 
 # ---- host lists ---------------------------------------------------------------------------

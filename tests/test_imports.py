@@ -17,7 +17,10 @@ PRODUCT = ("launch", "train", "recovery", "analysis")
 # The contract both machine sides read: schema, composition, run paths, vocabulary rule, rank environment,
 # tokenizer, problem records and the preflight's verdict rules. Torch-free; imports only itself.
 CONTRACT = ("launch.config", "launch.compose", "launch.paths", "launch.vocab", "launch.dist_env", "launch.blend",
-            "launch.tokenizer", "launch.problems", "launch.preflight_checks")
+            "launch.tokenizer", "launch.problems", "launch.preflight_checks", "launch.kinds", "launch.hardware_faults")
+# What recovery/ and analysis/ may read of the contract: the run's files, the vocabulary of causes and event
+# kinds, and the hardware-fault table (the ranks write what the report reads, in the same words).
+RECORDS = ("launch.paths", "launch.kinds", "launch.hardware_faults")
 TEST_MODULES = ("tests", "conftest", "faults", "fake_slurm", "slurm_cluster", "trainutil")
 EXCEPTIONS: set = set()  # known exceptions, each with its reason; a new one must be added here on purpose
 
@@ -68,11 +71,11 @@ def test_the_compute_node_package_imports_only_the_contract_from_launch():
 
 
 def test_recovery_imports_no_login_code():
-    assert violations("recovery", ("launch.paths",)) == []
+    assert violations("recovery", RECORDS) == []
 
 
-def test_analysis_depends_only_on_itself_and_the_run_paths():
-    assert violations("analysis", ("launch.paths",)) == []
+def test_analysis_depends_only_on_itself_the_run_paths_and_the_vocabulary():
+    assert violations("analysis", RECORDS) == []
 
 
 def test_the_contract_imports_only_the_contract():
@@ -101,7 +104,8 @@ def test_the_checker_sees_an_offending_import(tmp_path):
 
 
 @pytest.mark.parametrize("package", ["launch.config, launch.compose, launch.paths, launch.vocab, launch.dist_env, "
-                                     "launch.tokenizer, launch.problems, launch.preflight_checks",
+                                     "launch.tokenizer, launch.problems, launch.preflight_checks, launch.kinds, "
+                                     "launch.hardware_faults",
                                      "launch.check, launch.planner, launch.render, launch.submit, launch.entry",
                                      "recovery.slurm, recovery.crash, recovery.exclusion, analysis.load"])
 def test_the_contract_and_the_login_tools_load_without_torch(package):

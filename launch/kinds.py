@@ -1,0 +1,181 @@
+"""The one vocabulary of the run's records: the causes of an interruption and the kinds of events.
+
+Both sides read it (the ranks emit event kinds and decide some causes; the report, the plots, the stop rules
+and ``status`` read them), so it lives in the contract: torch-free, stdlib only.
+
+* :class:`Cause`: why an attempt ended without finishing the run. Each cause carries its ``priority`` (when
+  the evidence of one attempt names several causes, the lowest number wins: a dead node makes NCCL time out
+  on every other node, so the node failure, not the timeout, is the cause), its ``colour`` in the plots,
+  ``decided`` (the ranks decide it themselves from Slurm's answer at the stop, recovery/stop.py: a ``stop``
+  event naming it outranks any guess from logs or sacct), ``final`` (the attempt it ends is not requeued:
+  the run waits for its user) and its meaning. Members are in the report's order.
+* :class:`EventKind`: the ``event`` of each record of ``events.jsonl`` (recovery/events.py), with the fields
+  the kind adds and what it means.
+
+Adding a cause is one member here plus its detector (a log signature in analysis/signatures.py, a sacct state
+in analysis/parse_slurm.py, or an event rule in analysis/interruptions.py); tests/test_kinds.py fails while any
+consumer does not know it. ``python -m launch.kinds`` prints the documentation tables made from these members
+(docs/reports.md and recovery/events.py hold them; a test compares).
+"""
+from __future__ import annotations
+
+import sys
+import textwrap
+from enum import StrEnum
+
+
+class Cause(StrEnum):
+    """A cause of an interruption: a ``str`` (``Cause.OOM == "oom"``), with its attributes."""
+
+    priority: int
+    colour: str
+    decided: bool
+    final: bool
+    meaning: str
+
+    def __new__(cls, value: str, priority: int, colour: str, decided: bool, final: bool, meaning: str):
+        obj = str.__new__(cls, value)
+        obj._value_ = value
+        obj.priority, obj.colour, obj.decided, obj.final, obj.meaning = priority, colour, decided, final, meaning
+        return obj
+
+    TIME_LIMIT = ("time_limit", 8, "tab:blue", True, False,
+                  "the job's time limit (the USR2 warning, slurmstepd's DUE TO TIME LIMIT, sacct TIMEOUT/DEADLINE)")
+    PREEMPTION = ("preemption", 7, "tab:purple", True, False,
+                  "a preemption (PreemptTime, sacct PREEMPTED, SIGTERM then requeued)")
+    NODE_FAILURE = ("node_failure", 0, "tab:red", True, False,
+                    "a node failed (NODE_FAIL, BOOT_FAIL, srun's node failure)")
+    NCCL_TIMEOUT = ("nccl_timeout", 4, "tab:orange", False, False, "a collective timed out (NCCL watchdog)")
+    OOM = ("oom", 2, "tab:brown", False, False, "out of memory (CUDA OOM, the kernel OOM killer, sacct OUT_OF_MEMORY)")
+    NAN = ("nan", 3, "tab:pink", False, True,
+           "a non-finite loss or grad norm (training.on_nan=stop ends the run: exit 11)")
+    XID = ("xid", 1, "darkred", False, False, "a GPU hardware fault (an NVRM Xid line)")
+    HANG = ("hang", 5, "tab:olive", False, False, "the hang watchdog ended a stuck attempt (a hang event)")
+    CRASH = ("crash", 6, "tab:red", False, False, "an exception in a rank (stop crash, exit error)")
+    USER_CANCEL = ("user_cancel", 11, "tab:gray", True, True, "scancel (sacct CANCELLED): no requeue")
+    USER_STOP = ("user_stop", 10, "tab:green", True, True,
+                 "launch/stop.py or scancel --signal=USR1: checkpoint and end, no requeue")
+    USER_REQUEUE = ("user_requeue", 9, "tab:cyan", True, False,
+                    "scancel --signal=USR2 or an admin's scontrol requeue: checkpoint and requeue")
+    NODE_EXCLUSION = ("node_exclusion", 12, "gold", False, False,
+                      "the attempt landed on a recorded failed node and requeued itself away before training "
+                      "(an exclude event)")
+    UNKNOWN = ("unknown", 13, "black", False, False, "ended, and no evidence says why")
+
+    @classmethod
+    def by_priority(cls) -> list["Cause"]:
+        """Most specific first."""
+        return sorted(cls, key=lambda c: c.priority)
+
+    @classmethod
+    def decided_ones(cls) -> tuple["Cause", ...]:
+        return tuple(c for c in cls if c.decided)
+
+
+class EventKind(StrEnum):
+    """The ``event`` of a record in ``events.jsonl``: a ``str``, with the fields it adds and its meaning."""
+
+    fields: str
+
+    def __new__(cls, value: str, fields: str):
+        obj = str.__new__(cls, value)
+        obj._value_ = value
+        obj.fields = fields
+        return obj
+
+    JOB_START = ("job_start", "world_size, layout {tp,pp,vpp,cp,ep,dp}, layout_label (tp2-pp1-nodo-dp2), train_iters, "
+                              "nodes, source (slurm|torchrun)")
+    DATA = ("data", "step, the data sources and their split (train/worker.py) -- what this attempt reads")
+    DATA_POSITION = ("data_position", "step, consumed_samples, consumed_per_source -- where each source resumes")
+    DATA_CHANGED = ("data_changed", "step, changes -- the data sources differ from the run's previous attempt")
+    RESUME = ("resume", "step, checkpoint, consumed_samples, from_layout, seconds (load time)")
+    RESUME_FALLBACK = ("resume_fallback", "skipped (path), reason, detail -- a torn/corrupt checkpoint was passed "
+                                          "over (latest_invalid, latest_target_missing, not_a_directory, no_owner, "
+                                          "torn_first_save, ...)")
+    QUARANTINE = ("quarantine", "path, to, reason (e.g. unsafe_checkpoint), why, detail -- a checkpoint moved aside")
+    SHARED_CHECKPOINT_TRUSTED = ("shared_checkpoint_trusted", "path, reason, detail -- a checkpoint others can write, "
+                                                              "loaded because the environment trusts it")
+    START_OVER = ("start_over", "reason, detail -- training.restart_from_scratch=true: earlier checkpoints ignored")
+    RUN_LOCK_TAKEOVER = ("run_lock_takeover", "holder, reason, detail -- a stale run lock taken over")
+    SIGNAL = ("signal", "signal (name), step")
+    CHECKPOINT_SAVED = ("checkpoint_saved", "step, path, seconds, bytes, reason (interval|signal|final), mode, "
+                                            "blocking_s, written_s")
+    CHECKPOINT_ASYNC_STARTED = ("checkpoint_async_started", "step, reason, blocking_s -- an async save began writing")
+    CHECKPOINT_WAIT = ("checkpoint_wait", "step, reason, seconds -- training waited for the async save in flight")
+    CHECKPOINT_WRITE_SLOW = ("checkpoint_write_slow", "step, seconds, limit_s, detail -- an async write took too long")
+    CHECKPOINT_ABANDONED = ("checkpoint_abandoned", "step, phase (write|commit), detail -- an async save in flight "
+                                                    "when the attempt failed")
+    CHECKPOINT_DELAYED = ("checkpoint_delayed", "step, pending_step, detail -- a save waits for the one in flight")
+    CHECKPOINT_SEAL_FALLBACK = ("checkpoint_seal_fallback", "step, rank, detail -- a save sealed the slow way")
+    CHECKPOINT_WRITER_COLD = ("checkpoint_writer_cold", "detail -- the async writer could not be warmed up")
+    CHECKPOINT_INTERVAL = ("checkpoint_interval", "interval, reasoning (Young/Daly), write_s, blocking_s")
+    PRUNE_SKIPPED = ("prune_skipped", "step, detail -- old checkpoints were kept (pruning them failed)")
+    DISK_SPACE_WARNING = ("disk_space_warning", "step, detail, free/needed bytes -- the next save may not fit")
+    LEAD_TIME_WARNING = ("lead_time_warning", "lead_s, step_s, save_s, wait_s, detail -- the signal lead is shorter "
+                                              "than a step plus a save")
+    REQUEUE = ("requeue", "method (scontrol|exit_code|scontrol_after_crash|slurm), step, signal, job_id_requeued, ok, "
+                          "detail, error")
+    FAILED_NODE = ("failed_node", "host, source -- a node a NODE_FAIL (sacct), a hang twice or a hardware fault "
+                                  "came from (recovery/exclusion.py)")
+    EXCLUDE = ("exclude", "hosts, ok, detail; bad_here (recorded failed nodes in this allocation: it requeues away), "
+                          "or reason (a hardware fault of this node: ECC, Xid, NVLink, IB) -- recorded bad nodes kept "
+                          "out of the next attempt")
+    HANG = ("hang", "deadline, deadline_s, arithmetic, step, suspects, victims, unknown, stacks, dump -- the hang "
+                    "watchdog's finding (recovery/watchdog.py)")
+    WATCHDOG_UNAVAILABLE = ("watchdog_unavailable", "detail -- the hang watchdog could not start")
+    NAN = ("nan", "step, loss, grad_norm, where, policy, first_sample -- a non-finite loss or grad norm")
+    NAN_ROLLBACK = ("nan_rollback", "step, to_step, checkpoint, skip_batches, skip_first_sample")
+    BATCHES_SKIPPED = ("batches_skipped", "step, batches, samples, first_sample")
+    LOSS_SCALE_OVERFLOW = ("loss_scale_overflow", "step, loss_scale")
+    STRAGGLER = ("straggler", "step, steps, rank_slow, host_slow, ratio, compute_s, median_s")
+    REGRESSION = ("regression", "step, the throughput figures -- steps got slower than the run's own baseline")
+    LIVE_CHECKS = ("live_checks", "steps, seconds, median_step_s, overhead, repeated_stragglers")
+    VALIDATION = ("validation", "step, loss, iters")
+    ITERATION = ("iteration", "step, loss, grad_norm, lr (repr of the float: exact), consumed_samples, seconds -- "
+                              "every training.log_interval steps, like the log line")
+    STOP = ("stop", "reason, code, detail -- an attempt refused or ended: zero_progress|max_restarts|crash|hang|"
+                    "checkpoint_mismatch|unsupported_software|...; or, after a stop checkpoint (recovery/stop.py), "
+                    "who stopped it (a decided cause, undecided, local_signal, requeue_signal), with requeue (bool), "
+                    "evidence (Slurm's answer), step and saved")
+    EXIT = ("exit", "reason (completed|requeue|stopped|signal|error|hang|unsupported_software|...), code, step")
+    PREVIOUS_SLICE_TIMEOUT = ("previous_slice_timeout", "job_id_previous, restart_previous, slurm_state, last_step, "
+                                                        "resume_step, steps_lost -- the slice before this one ended "
+                                                        "TIMEOUT with no stop checkpoint and no exit "
+                                                        "(train/previous_slice.py)")
+    TRAIN_END = ("train_end", "step, consumed_samples")
+    TRACKING_UNAVAILABLE = ("tracking_unavailable", "writer, detail -- a tracking package missing or failing to start "
+                                                    "(train/tracking.py)")
+    TRACKING_FALLBACK = ("tracking_fallback", "writer, mode, step, detail -- W&B resumed without a rewind, so redone "
+                                              "steps may show twice there")
+
+
+def causes_table() -> str:
+    """The Markdown table of the causes (docs/reports.md holds it; tests/test_kinds.py compares)."""
+    rows = ["| cause | priority | decided by the ranks | final | meaning |", "|---|---|---|---|---|"]
+    rows += [f"| `{c}` | {c.priority} | {'yes' if c.decided else 'no'} | {'yes' if c.final else 'no'} | {c.meaning} |"
+             for c in Cause]
+    return "\n".join(rows)
+
+
+def events_table() -> str:
+    """The reStructuredText table of the event kinds (recovery/events.py's docstring holds it)."""
+    width = max(len(k) for k in EventKind)
+    rule = "=" * width + "  " + "=" * 62
+    rows = [rule, "event".ljust(width) + "  extra fields", rule]
+    for k in EventKind:
+        lines = textwrap.wrap(k.fields, 112 - width) or [""]
+        rows += [f"{(k.value if i == 0 else '').ljust(width)}  {line}" for i, line in enumerate(lines)]
+    return "\n".join(rows + [rule])
+
+
+def main(argv: list[str]) -> int:
+    which = argv[0] if argv else ""
+    if which not in ("causes", "events"):
+        print("usage: python -m launch.kinds causes|events   (prints the documentation table)", file=sys.stderr)
+        return 2
+    print(causes_table() if which == "causes" else events_table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
