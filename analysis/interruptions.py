@@ -4,9 +4,9 @@ An *attempt* is one allocation that ran training: ``(job, attempt)`` where ``att
 Slurm's restart count (``sacct -D`` row order, ``restart_count`` in the event log) or, for
 a log alone, the n-th restart seen in the file (the iteration number going back). Every
 attempt that ended without finishing the run is an *interruption*; its cause is the most
-specific evidence found (:data:`analysis.signatures.CAUSE_PRIORITY`): the slurmstepd
+specific evidence found (each :class:`launch.kinds.Cause`'s priority): the slurmstepd
 cancel line, the sacct state, error signatures in any rank's output, a NaN loss in the
-last logged step, and the event log's signal/stop/hang records. When the ranks themselves
+last logged step, and the event log's signal/stop/hang/exclude records (:data:`EVENTS_READ`). When the ranks themselves
 decided who stopped the attempt (a ``stop`` event with reason ``user_cancel``, ``user_stop``,
 ``user_requeue``, ``preemption``, ``time_limit`` or ``node_failure``, decided from Slurm's own
 answer at the stop, recovery/stop.py), that reason is the cause; the rest stays in ``evidence``.
@@ -25,11 +25,19 @@ import numpy as np
 import pandas as pd
 
 from analysis.parse_slurm import SACCT_STATE_CAUSE
-from analysis.signatures import CAUSE_PRIORITY, DECIDED_CAUSES, EXCLUSION_CAUSE
+from launch.hardware_faults import HARDWARE_FAULTS
+from launch.kinds import Cause, EventKind
 
-__all__ = ["ATTEMPT_COLUMNS", "INTERRUPTION_COLUMNS", "assign_attempts", "build_attempts",
+__all__ = ["ATTEMPT_COLUMNS", "EVENTS_READ", "INTERRUPTION_COLUMNS", "assign_attempts", "build_attempts",
            "interruptions", "goodput", "job_key"]
 
+# The event kinds the attempt table reads: a long run's event log is mostly `iteration` rows, left out at once.
+EVENTS_READ = (EventKind.STOP, EventKind.SIGNAL, EventKind.HANG, EventKind.EXIT, EventKind.TRAIN_END,
+               EventKind.REQUEUE, EventKind.CHECKPOINT_SAVED, EventKind.RESUME, EventKind.EXCLUDE,
+               EventKind.JOB_START)
+_DECIDED = tuple(c.value for c in Cause.decided_ones())  # a stop event naming one: the ranks decided the cause
+_STOPPED_BY_RANKS = (Cause.CRASH.value, Cause.HANG.value, Cause.NAN.value)  # a stop event naming one: evidence
+_HARDWARE_BY_REASON = {f.reason: f for f in HARDWARE_FAULTS}
 _US = "datetime64[us]"  # one resolution: pandas refuses to merge_asof seconds with microseconds
 ATTEMPT_COLUMNS = [
     "job", "attempt", "submit", "start", "end", "state", "gpus", "first_step", "last_step",
@@ -264,36 +272,36 @@ def build_attempts(
         c = SACCT_STATE_CAUSE.get(str(r.state)) if isinstance(r.state, str) else None
         add(r.job, r.attempt, c, f"sacct {r.state}")
         if r.last_nonfinite is True:
-            add(r.job, r.attempt, "nan", "non-finite loss/grad norm in the last logged step")
+            add(r.job, r.attempt, Cause.NAN, "non-finite loss/grad norm in the last logged step")
     for r in sg.itertuples() if not sg.empty else []:
         if isinstance(r.cause, str):
             attempt = r.attempt if not pd.isna(r.attempt) else _last_attempt(att, r.job)
             add(r.job, attempt, r.cause, r.kind)
     decided: dict[tuple, tuple[str, str]] = {}  # the ranks' own stop decision (recovery/stop.py)
     # only these kinds are read below; a long run's event log is mostly `iteration` rows (3x faster for 100k)
-    ev = ev[ev["event"].isin(["stop", "signal", "hang", "exit", "train_end", "requeue", "checkpoint_saved",
-                              "resume", "exclude", "job_start"])] if not ev.empty else ev
+    ev = ev[ev["event"].isin(EVENTS_READ)] if not ev.empty else ev
     if not ev.empty:
-        started = set(zip(ev.loc[ev["event"] == "job_start", "job"], ev.loc[ev["event"] == "job_start", "attempt"]))
-        rq = ev[(ev["event"] == "requeue") & (ev["method"] == "scontrol")] if "method" in ev else ev.iloc[0:0]
+        first = ev["event"] == EventKind.JOB_START
+        started = set(zip(ev.loc[first, "job"], ev.loc[first, "attempt"]))
+        rq = ev[(ev["event"] == EventKind.REQUEUE) & (ev["method"] == "scontrol")] if "method" in ev else ev.iloc[0:0]
         own_requeue = set(zip(rq["job"], rq["attempt"]))
         for r in ev.itertuples():
             # an attempt that landed on a recorded failed node and requeued away before training (recovery/exclusion)
-            if (r.event == "exclude" and (r.job, r.attempt) not in started and getattr(r, "ok", None) in (True,)
-                    and getattr(r, "bad_here", None)):
+            if (r.event == EventKind.EXCLUDE and (r.job, r.attempt) not in started
+                    and getattr(r, "ok", None) in (True,) and getattr(r, "bad_here", None)):
                 hosts = ",".join(str(h) for h in (r.bad_here if isinstance(r.bad_here, list) else [r.bad_here]))
-                decided[(r.job, r.attempt)] = (EXCLUSION_CAUSE, f"event exclude: on recorded failed node(s) {hosts}, "
-                                                                "requeued away before training")
-            if r.event == "stop" and str(getattr(r, "reason", "")) in DECIDED_CAUSES:
+                decided[(r.job, r.attempt)] = (Cause.NODE_EXCLUSION, f"event exclude: on recorded failed node(s) "
+                                                                     f"{hosts}, requeued away before training")
+            if r.event == EventKind.STOP and str(getattr(r, "reason", "")) in _DECIDED:
                 why = str(getattr(r, "evidence", "") or "")
                 decided[(r.job, r.attempt)] = (str(r.reason), f"event stop {r.reason}" + (f": {why[:200]}" if why else ""))
         for r in ev.itertuples():
             if (r.job, r.attempt) in decided:
                 continue
-            if r.event == "signal":
+            if r.event == EventKind.SIGNAL:
                 sig = str(getattr(r, "signal", "") or "")
                 if "USR2" in sig:  # slurmtron's --signal=USR2@lead warning (recovery/signals.py)
-                    add(r.job, r.attempt, "time_limit",
+                    add(r.job, r.attempt, Cause.TIME_LIMIT,
                         f"event signal {sig} (time-limit warning, or a graceful scancel --signal=USR2)")
                 elif sig == "SIGTERM" and _requeued(att, r.job, r.attempt):
                     # SIGTERM is preemption, scancel or `scontrol requeue` (recovery/policy.py); a scancelled job
@@ -302,16 +310,21 @@ def build_attempts(
                     # own (ranks that save in a preemption's grace time and requeue also leave it REQUEUED)
                     if (_sacct_state(att, r.job, r.attempt) == "REQUEUED"
                             and (r.job, r.attempt) not in own_requeue):
-                        add(r.job, r.attempt, "user_requeue", "event signal SIGTERM, then sacct REQUEUED, not "
-                                                              "PREEMPTED (scontrol requeue by a user or an admin)")
+                        add(r.job, r.attempt, Cause.USER_REQUEUE, "event signal SIGTERM, then sacct REQUEUED, not "
+                                                                  "PREEMPTED (scontrol requeue by a user or an admin)")
                     else:
-                        add(r.job, r.attempt, "preemption", "event signal SIGTERM, then requeued (preemption)")
-            elif r.event == "stop" and str(getattr(r, "reason", "")) in ("crash", "hang", "nan"):
-                add(r.job, r.attempt, str(r.reason), f"event stop {r.reason}")
-            elif r.event == "hang":
-                add(r.job, r.attempt, "hang", "event hang")
-            elif r.event == "exit" and str(getattr(r, "reason", "")) == "error":
-                add(r.job, r.attempt, "crash", "event exit error")
+                        add(r.job, r.attempt, Cause.PREEMPTION, "event signal SIGTERM, then requeued (preemption)")
+            elif r.event == EventKind.STOP and str(getattr(r, "reason", "")) in _STOPPED_BY_RANKS:
+                add(r.job, r.attempt, Cause(r.reason), f"event stop {r.reason}")
+            elif r.event == EventKind.HANG:
+                add(r.job, r.attempt, Cause.HANG, "event hang")
+            elif r.event == EventKind.EXIT and str(getattr(r, "reason", "")) == "error":
+                add(r.job, r.attempt, Cause.CRASH, "event exit error")
+            elif r.event == EventKind.EXCLUDE and isinstance(getattr(r, "reason", None), str) \
+                    and (fault := _HARDWARE_BY_REASON.get(r.reason)) is not None:
+                # a rank's crash named a hardware fault of its node: recorded, and the job requeued without it
+                hosts = ",".join(str(h) for h in (r.hosts if isinstance(r.hosts, list) else [r.hosts]))
+                add(r.job, r.attempt, fault.cause, f"event exclude: {r.reason} on {hosts}")
 
     finished_ev = set()
     ckpt_s: dict[tuple, float] = {}
@@ -320,13 +333,14 @@ def build_attempts(
     if not ev.empty:
         for r in ev.itertuples():
             key = (r.job, r.attempt)
-            if r.event == "train_end" or (r.event == "exit" and str(getattr(r, "reason", "")) == "completed"):
+            if r.event == EventKind.TRAIN_END or (r.event == EventKind.EXIT
+                                                  and str(getattr(r, "reason", "")) == "completed"):
                 finished_ev.add(key)
-            if r.event in ("exit", "stop", "requeue"):
+            if r.event in (EventKind.EXIT, EventKind.STOP, EventKind.REQUEUE):
                 ended_ev.add(key)
-            if r.event == "checkpoint_saved":
+            if r.event == EventKind.CHECKPOINT_SAVED:
                 ckpt_s[key] = ckpt_s.get(key, 0.0) + float(pd.to_numeric(getattr(r, "seconds", 0), errors="coerce") or 0.0)
-            if r.event == "resume" and not pd.isna(r.step):
+            if r.event == EventKind.RESUME and not pd.isna(r.step):
                 resume_step[key] = int(r.step)
     if not ck.empty:
         trained = set(zip(att.loc[att["first_step"].notna(), "job"], att.loc[att["first_step"].notna(), "attempt"]))
@@ -341,14 +355,14 @@ def build_attempts(
     for r in att.itertuples():
         key = (r.job, r.attempt)
         items = evidence.get(key, [])
-        cause = min((c for c, _ in items), key=CAUSE_PRIORITY.index, default=None)
+        cause = min((c for c, _ in items), key=lambda c: Cause(c).priority, default=None)
         slurm_said = SACCT_STATE_CAUSE.get(str(r.state)) if isinstance(r.state, str) else None
         if cause in KILL_WINDOW_CAUSES and slurm_said in SLURM_FINAL_CAUSES:
             cause = slurm_said  # a crash in the kill window of a cancel/time limit/preemption is its consequence
         if key in decided:  # who stopped the attempt, as Slurm told the ranks; other evidence stays listed
             cause = decided[key][0]
             items = items + [decided[key]]
-        causes.append(cause)
+        causes.append(None if cause is None else str(Cause(cause).value))
         evid.append("; ".join(sorted({w for _, w in items})))
         target = train_iters or (r.max_train_iters if pd.notna(r.max_train_iters) else None)
         fin = (key in finished_ev or (str(r.state) == "COMPLETED" and key not in decided)  # a drain ends COMPLETED
@@ -368,8 +382,8 @@ def build_attempts(
 
 # Slurm's own final state of an attempt (sacct: CANCELLED by a user, TIMEOUT, NODE_FAIL, PREEMPTED) outranks
 # what the ranks logged while Slurm was killing them: a collective that broke in the kill window records a crash.
-SLURM_FINAL_CAUSES = ("user_cancel", "time_limit", "node_failure", "preemption")
-KILL_WINDOW_CAUSES = ("crash", "nccl_timeout", "unknown")
+SLURM_FINAL_CAUSES = (Cause.USER_CANCEL, Cause.TIME_LIMIT, Cause.NODE_FAILURE, Cause.PREEMPTION)
+KILL_WINDOW_CAUSES = (Cause.CRASH, Cause.NCCL_TIMEOUT, Cause.UNKNOWN)
 
 
 def _requeued(att: pd.DataFrame, job: str, attempt) -> bool:
@@ -422,7 +436,7 @@ def interruptions(att: pd.DataFrame) -> pd.DataFrame:
             nxt = recs[i + 1] if i + 1 < len(recs) else None
             if r.finished or not (r.ended or nxt is not None):
                 continue
-            cause = r.cause if isinstance(r.cause, str) else "unknown"
+            cause = r.cause if isinstance(r.cause, str) else Cause.UNKNOWN.value
             when = r.end if pd.notna(r.end) else r.last_step_time
             resumed = nxt.resumed_from if nxt is not None else _resubmission_resume(firsts, job, r.start)
             lost = (int(r.last_step) - int(resumed)) if pd.notna(r.last_step) and pd.notna(resumed) else pd.NA

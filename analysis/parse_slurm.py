@@ -26,20 +26,21 @@ import numpy as np
 import pandas as pd
 
 from analysis.parse_megatron import read_text
+from launch.kinds import Cause
 
 __all__ = ["SACCT_STATE_CAUSE", "parse_sacct_text", "parse_sacct_file", "elapsed_seconds"]
 
 # sacct State of an attempt that ended -> interruption cause (None: not an interruption).
-SACCT_STATE_CAUSE = {
-    "TIMEOUT": "time_limit",
-    "PREEMPTED": "preemption",
-    "NODE_FAIL": "node_failure",
-    "OUT_OF_MEMORY": "oom",
-    "CANCELLED": "user_cancel",
-    "FAILED": "unknown",
-    "BOOT_FAIL": "node_failure",
-    "DEADLINE": "time_limit",
-    "REQUEUED": "unknown",  # refined from the log / event log (who asked for the requeue)
+SACCT_STATE_CAUSE: dict[str, Cause | None] = {
+    "TIMEOUT": Cause.TIME_LIMIT,
+    "PREEMPTED": Cause.PREEMPTION,
+    "NODE_FAIL": Cause.NODE_FAILURE,
+    "OUT_OF_MEMORY": Cause.OOM,
+    "CANCELLED": Cause.USER_CANCEL,
+    "FAILED": Cause.UNKNOWN,
+    "BOOT_FAIL": Cause.NODE_FAILURE,
+    "DEADLINE": Cause.TIME_LIMIT,
+    "REQUEUED": Cause.UNKNOWN,  # refined from the log / event log (who asked for the requeue)
     "COMPLETED": None,
     "RUNNING": None,
     "PENDING": None,

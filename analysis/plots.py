@@ -10,14 +10,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-__all__ = ["CAUSE_COLORS", "plot_timeline", "plot_loss_by_step", "plot_goodput", "plot_mfu_by_layout"]
+from launch.kinds import Cause  # noqa: E402
 
-CAUSE_COLORS = {
-    "time_limit": "tab:blue", "preemption": "tab:purple", "node_failure": "tab:red",
-    "nccl_timeout": "tab:orange", "oom": "tab:brown", "nan": "tab:pink", "xid": "darkred",
-    "hang": "tab:olive", "crash": "tab:red", "user_cancel": "tab:gray", "user_stop": "tab:green",
-    "user_requeue": "tab:cyan", "node_exclusion": "gold", "unknown": "black",
-}
+__all__ = ["plot_timeline", "plot_loss_by_step", "plot_goodput", "plot_mfu_by_layout"]
+
+
+def _colour(cause) -> str:
+    """The cause's colour (launch/kinds.py); black for a value that is no cause."""
+    try:
+        return Cause(cause).colour
+    except ValueError:
+        return "black"
 
 
 def _x(m: pd.DataFrame) -> tuple[pd.Series, str]:
@@ -66,7 +69,7 @@ def plot_timeline(m: pd.DataFrame, intr: pd.DataFrame, path: Path, title: str = 
                 continue
             xv = x[hit[-1]]
         for ax in (a1, a2):
-            ax.axvline(xv, color=CAUSE_COLORS.get(r.cause, "black"), ls="--", lw=1,
+            ax.axvline(xv, color=_colour(r.cause), ls="--", lw=1,
                        label=r.cause if (ax is a2 and r.cause not in seen) else None)
         seen.add(r.cause)
     if seen or ("regressed" in m and m["regressed"].any()):

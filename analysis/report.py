@@ -29,8 +29,8 @@ from analysis.mfu import (
 )
 from analysis.document import counts, csv_safe, num, pct, to_html, to_markdown
 from analysis.plots import plot_goodput, plot_loss_by_step, plot_mfu_by_layout, plot_timeline
-from analysis.signatures import CAUSES
 from analysis.slice_end import report_line
+from launch.kinds import Cause, EventKind
 from launch.paths import RunDirError, given_run_dir
 
 __all__ = ["main", "analyze_run", "ITERATIONS_CSV_COLUMNS"]
@@ -62,7 +62,7 @@ def analyze_run(run: RunInputs, shape: RunShape, *, window: int = 20, threshold:
     ev = run.events
     if ev is not None and not ev.empty and "layout" in ev:
         # the layout each attempt really ran with (a resumed run may reshard)
-        starts = ev[ev["event"] == "job_start"]
+        starts = ev[ev["event"] == EventKind.JOB_START]
         for r in starts.itertuples():
             label = figures.layout_of({"layout": getattr(r, "layout", None),
                                        "layout_label": getattr(r, "layout_label", None)})
@@ -82,42 +82,65 @@ def analyze_run(run: RunInputs, shape: RunShape, *, window: int = 20, threshold:
     }
 
 
-LIVE_EVENTS = ("hang", "nan", "nan_rollback", "batches_skipped", "straggler", "regression", "replay_mismatch",
-               "save_failed", "checkpoint_abandoned")
+LIVE_EVENTS = (EventKind.HANG, EventKind.NAN, EventKind.NAN_ROLLBACK, EventKind.BATCHES_SKIPPED,
+               EventKind.STRAGGLER, EventKind.REGRESSION, EventKind.REPLAY_MISMATCH, EventKind.SAVE_FAILED,
+               EventKind.CHECKPOINT_ABANDONED, EventKind.EXCLUDE)
+
+
+def hardware_exclusions(ev: Optional[pd.DataFrame]) -> pd.DataFrame:
+    """The ranks' ``exclude`` events that name a hardware fault of their node (launch/hardware_faults.py: ECC,
+    Xid, NVLink, IB, ...): the node was recorded and the job requeued without it. An ``exclude`` without a
+    ``reason`` carries recorded nodes over to the next attempt, and is no new fault."""
+    if ev is None or ev.empty or "reason" not in ev:
+        return pd.DataFrame(columns=list(ev.columns) if ev is not None else [])
+    return ev[(ev["event"] == EventKind.EXCLUDE) & ev["reason"].map(lambda x: isinstance(x, str) and bool(x))]
 
 
 def live_alerts(ev: Optional[pd.DataFrame]) -> pd.DataFrame:
-    """What the job's live checks recorded while it ran (hangs, NaNs, stragglers, regressions), one row each."""
+    """What the job's live checks recorded while it ran (hangs, NaNs, stragglers, regressions, hardware faults
+    that excluded a node), one row each."""
     cols = ["ts", "job_id", "restart_count", "event", "step", "what"]
     if ev is None or ev.empty:
         return pd.DataFrame(columns=cols)
     rows = []
-    for r in ev[ev["event"].isin(LIVE_EVENTS)].to_dict("records"):
+    hw = hardware_exclusions(ev)
+    live = ev[ev["event"].isin(LIVE_EVENTS) & ((ev["event"] != EventKind.EXCLUDE) | ev.index.isin(hw.index))]
+    for r in live.to_dict("records"):
         k = r["event"]
-        if k == "hang":
+        if k == EventKind.EXCLUDE:
+            hosts = r.get("hosts")
+            hosts = ",".join(str(h) for h in hosts) if isinstance(hosts, list) else str(hosts)
+            what = (f"{r.get('reason')} on {hosts}: node recorded, job requeued without it"
+                    + ("" if r.get("ok") in (True,) else f" (the requeue failed: {r.get('detail')})"))
+        elif k == EventKind.HANG:
             what = (f"{r.get('deadline')} deadline ({r.get('arithmetic')}); suspects "
                     + ", ".join(f"rank {_rank(s.get('rank'))} on {s.get('host')}" for s in (r.get("suspects") or []))
                     + f"; stacks {r.get('stacks')}")
-        elif k == "straggler":
+        elif k == EventKind.STRAGGLER:
             what = (f"rank {_rank(r.get('rank_slow'))} on {r.get('host_slow')}: {_f(r.get('ratio'))}x the median compute "
                     f"time over {r.get('steps')} steps")
-        elif k == "regression":
+        elif k == EventKind.REGRESSION:
             what = (f"median step {_f(r.get('step_s'))} s vs baseline {_f(r.get('baseline_s'))} s "
                     f"for {r.get('intervals')} intervals")
-        elif k == "nan":
+        elif k == EventKind.NAN:
             what = f"loss {r.get('loss')}, grad norm {r.get('grad_norm')}; policy {r.get('policy')}"
-        elif k in ("replay_mismatch", "checkpoint_abandoned"):
+        elif k in (EventKind.REPLAY_MISMATCH, EventKind.CHECKPOINT_ABANDONED):
             what = str(r.get("detail") or "")[:300]
-        elif k == "save_failed":
+        elif k == EventKind.SAVE_FAILED:
             what = (f"{r.get('cause')} ({r.get('save')} save); policy {r.get('policy')}: "
                     f"{'went on' if r.get('go_on') else 'stopped'}")
-        elif k == "nan_rollback":
+        elif k == EventKind.NAN_ROLLBACK:
             what = f"rolled back to step {r.get('to_step')}; skip {r.get('skip_batches')} batch(es)"
         else:
             what = f"skipped {r.get('batches')} batch(es) from sample {r.get('first_sample')}"
         rows.append({"ts": r.get("ts"), "job_id": r.get("job_id"), "restart_count": r.get("restart_count"),
                      "event": k, "step": r.get("step"), "what": what})
     return pd.DataFrame(rows, columns=cols)
+
+
+def _hardware_counts(ev: Optional[pd.DataFrame]) -> dict:
+    hw = hardware_exclusions(ev)
+    return {str(k): int(v) for k, v in hw["reason"].value_counts(sort=False).items()} if len(hw) else {}
 
 
 def _rank(v) -> str:
@@ -147,7 +170,7 @@ def _records(events: Any) -> list:
 
 def _summary(run: RunInputs, res: dict) -> dict:
     m, intr = res["metrics"], res["interruptions"]
-    counts = {c: int((intr["cause"] == c).sum()) for c in CAUSES if (intr["cause"] == c).any()}
+    counts = {c.value: int((intr["cause"] == c).sum()) for c in Cause if (intr["cause"] == c).any()}
     steady = res["by_attempt"]
     return {
         "iterations": int(len(m)),
@@ -174,7 +197,10 @@ def _summary(run: RunInputs, res: dict) -> dict:
         if len(m) and res["computed"] else None,
         "stragglers": res["stragglers"][res["stragglers"]["straggler"]].to_dict("records"),
         "saves": figures.save_figures(_records(run.events)),
-        "live_alerts": {k: int((res["live"]["event"] == k).sum()) for k in LIVE_EVENTS if (res["live"]["event"] == k).any()},
+        "live_alerts": {k.value: int((res["live"]["event"] == k).sum()) for k in LIVE_EVENTS
+                        if (res["live"]["event"] == k).any()},
+        # hardware faults the ranks named (ECC, Xid, NVLink, IB, ...), each excluding its node: count by reason
+        "hardware_faults": _hardware_counts(run.events),
         # the last attempt ended TIMEOUT with no stop checkpoint and nothing requeued it (analysis/slice_end.py)
         "ended_unanswered_timeout": report_line(run.sacct, run.events, run.config, run.name),
     }
@@ -361,6 +387,8 @@ def run_blocks(name: str, s: dict, res: dict, args: argparse.Namespace, mfu_reas
         ("ul", ([f"ended: {s['ended_unanswered_timeout']}"] if s.get("ended_unanswered_timeout") else []) + [
                 f"iterations parsed: {s['iterations']:,} (unreadable lines skipped: {counts(s['skipped_lines'])})",
                 (f"layout: {s['layout']}; " if s.get("layout") else "") + f"attempts: {s['attempts']}; interruptions: {s['interruptions']} ({counts(s['counts_by_cause'])})",
+                *([f"node hardware faults the ranks named, each node excluded: {counts(s['hardware_faults'])}"]
+                  if s.get("hardware_faults") else []),
                 f"goodput {pct(s['goodput']['goodput'])}; {mfu}" + "".join(f"; {x}" for x in (tflops, tokens) if x),
                 f"steps with a throughput regression (rolling {args.window} steps vs the baseline, "
                 f"+{args.threshold:.0%} slower): {s['regressed_steps']}",
@@ -369,7 +397,8 @@ def run_blocks(name: str, s: dict, res: dict, args: argparse.Namespace, mfu_reas
         ("h", 3, "Interruptions"),
         ("table", res["interruptions"], "one row per attempt that ended before the run finished"),
         ("h", 3, "Live alerts"),
-        ("table", res["live"], "hangs, NaNs, stragglers and throughput regressions the job's live checks recorded"),
+        ("table", res["live"], "hangs, NaNs, stragglers, throughput regressions and node hardware faults (an "
+                               "exclude event) the job's live checks recorded"),
     ] + ([("h", 3, "Validation loss"), ("table", s_validation(s), "lm loss on the validation split")]
          if s.get("validation") else []) + [
         ("h", 3, "Throughput per attempt"),

@@ -1,9 +1,10 @@
 """Error signatures in job output: what ended (or is about to end) a training attempt.
 
 Each hit becomes a row with a ``kind`` and, where the kind names a cause of an
-interruption, a ``cause`` from :data:`CAUSES`. The report picks one cause per
-interruption with :data:`CAUSE_PRIORITY` (a dead node makes NCCL time out on every other
-node, so the node failure, not the timeout, is the cause).
+interruption, a :class:`launch.kinds.Cause`. The report picks one cause per
+interruption by the causes' priority (a dead node makes NCCL time out on every other
+node, so the node failure, not the timeout, is the cause). A cause found in job output is
+one :data:`DETECTORS` row (its pattern and the literals its lines hold).
 
 Patterns follow the text the tools really print:
 
@@ -13,66 +14,84 @@ Patterns follow the text the tools really print:
 * PyTorch's NCCL watchdog: ``Watchdog caught collective operation timeout``.
 * CUDA OOM: ``CUDA out of memory`` / ``torch.OutOfMemoryError``; the kernel OOM killer via
   ``slurmstepd: error: Detected 1 oom_kill event``.
-* GPU Xid (kernel log, or forwarded by health checks): ``NVRM: Xid (PCI:0000:3b:00): 79, ...``.
+* GPU Xid (kernel log, or forwarded by health checks): ``NVRM: Xid (PCI:0000:3b:00): 79, ...``;
+  and the other node hardware faults of launch/hardware_faults.py (ECC, a GPU off the bus, a CUDA
+  device fault, NVLink, InfiniBand): kind ``hardware``, cause ``xid``.
 * NaN/Inf: Megatron's ``found NaN in local grad norm``, rerun-machine messages, and
   ``lm loss: nan`` / ``grad norm: inf`` fields.
 """
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import pandas as pd
 
-__all__ = ["CAUSES", "EXCLUSION_CAUSE", "candidate_lines", "CAUSE_PRIORITY", "DECIDED_CAUSES", "SIGNATURE_COLUMNS", "parse_signature_text", "slurm_reason_cause"]
+from launch.hardware_faults import HARDWARE_FAULTS
+from launch.kinds import Cause
 
-CAUSES = [
-    "time_limit", "preemption", "node_failure", "nccl_timeout", "oom", "nan", "xid", "hang", "crash",
-    "user_cancel", "user_stop", "user_requeue", "node_exclusion", "unknown",
-]
-# An attempt that landed on a recorded failed node and requeued away before training (recovery/exclusion.py).
-EXCLUSION_CAUSE = "node_exclusion"
-# Most specific root cause first.
-CAUSE_PRIORITY = ["node_failure", "xid", "oom", "nan", "nccl_timeout", "hang", "crash", "preemption", "time_limit",
-                  "user_requeue", "user_stop", "user_cancel", "node_exclusion", "unknown"]
-# Causes the ranks decided themselves from Slurm's own answer at the stop (the event log's ``stop``
-# reason, recovery/stop.py): they name the attempt's cause over any guess from logs or sacct.
-DECIDED_CAUSES = ("user_cancel", "user_stop", "user_requeue", "preemption", "time_limit", "node_failure")
+__all__ = ["DETECTORS", "Detector", "candidate_lines", "SIGNATURE_COLUMNS", "parse_signature_text",
+           "slurm_reason_cause"]
 
 _SLURM_REASONS = {
-    "TIME LIMIT": "time_limit",
-    "PREEMPTION": "preemption",
-    "NODE FAILURE": "node_failure",
-    "NODE_FAIL": "node_failure",
+    "TIME LIMIT": Cause.TIME_LIMIT,
+    "PREEMPTION": Cause.PREEMPTION,
+    "NODE FAILURE": Cause.NODE_FAILURE,
+    "NODE_FAIL": Cause.NODE_FAILURE,
 }
 
 
-def slurm_reason_cause(reason: str | None) -> str:
+def slurm_reason_cause(reason: str | None) -> Cause:
     """Cause for the ``DUE TO ...`` text of a slurmstepd cancel line (None: user cancel)."""
     if reason is None or reason == "":
-        return "user_cancel"
+        return Cause.USER_CANCEL
     r = reason.strip().upper()  # e.g. "NODE FAILURE, SEE SLURMCTLD LOG FOR DETAILS"
-    return next((c for k, c in _SLURM_REASONS.items() if r.startswith(k)), "unknown")
+    return next((c for k, c in _SLURM_REASONS.items() if r.startswith(k)), Cause.UNKNOWN)
+
+
+@dataclass(frozen=True)
+class Detector:
+    """One error signature of job output: a hit is a row of ``kind`` with ``cause``; every line ``pattern``
+    matches holds one of ``literals`` (the fast pre-filter of :func:`candidate_lines`)."""
+
+    kind: str
+    cause: Cause
+    pattern: str
+    literals: tuple[str, ...]
+
+
+# The causes found in job output, in the order they are tried on a line. The node hardware faults are the
+# table exclusion uses (launch/hardware_faults.py).
+DETECTORS: tuple[Detector, ...] = (
+    Detector("nccl_timeout", Cause.NCCL_TIMEOUT,
+             r"Watchdog caught collective operation timeout[^\n]{0,200}"
+             r"|ProcessGroupNCCL[^\n]{0,80}?(?:[Tt]imeout|timed out|watchdog)[^\n]{0,120}"
+             r"|NCCL (?:communicator was aborted|watchdog thread terminated|timeout)[^\n]{0,120}",
+             ("Watchdog caught", "ProcessGroupNCCL", "NCCL comm", "NCCL watchdog", "NCCL timeout")),
+    Detector("oom", Cause.OOM,
+             r"CUDA out of memory[^\n]{0,160}|OutOfMemoryError[^\n]{0,160}"
+             r"|Detected [0-9]+ oom[-_]kill event[^\n]{0,80}",
+             ("out of memory", "OutOfMemoryError", "oom")),
+    *(Detector(f.kind, f.cause, f"(?i:{f.pattern})[^\n]{{0,160}}", f.literals) for f in HARDWARE_FAULTS),
+    Detector("nan", Cause.NAN,
+             r"found (?:NaN|Inf|nan|inf) in [^\n]{0,80}|(?:NaN|Inf) detected[^\n]{0,80}"
+             r"|Unexpected result (?:nan|inf)[^\n]{0,80}"
+             r"|(?:lm loss|lm-loss|grad norm): [-+]?(?i:nan|inf)\b",
+             ("found ", " detected", "Unexpected result", ": nan", ": inf", ": -nan", ": -inf", ": +nan", ": NaN",
+              ": Inf")),
+    Detector("node_failure", Cause.NODE_FAILURE, r"srun: error: Node failure on [^\n]{0,80}", ("Node failure",)),
+)
 
 
 _SIGNATURE_RE = re.compile(
     r"(?P<cancel>\*\*\* (?P<scope>JOB|STEP) (?P<sjob>[0-9][0-9_.+A-Za-z]*) ON (?P<host>[^ \t\n]+) "
     r"CANCELLED AT (?P<at>[0-9T:\-]+)(?: DUE (?i:to) (?P<reason>[^*\n]*?))? ?\*\*\*)"
-    r"|(?P<nccl>Watchdog caught collective operation timeout[^\n]{0,200}"
-    r"|ProcessGroupNCCL[^\n]{0,80}?(?:[Tt]imeout|timed out|watchdog)[^\n]{0,120}"
-    r"|NCCL (?:communicator was aborted|watchdog thread terminated|timeout)[^\n]{0,120})"
-    r"|(?P<oom>CUDA out of memory[^\n]{0,160}|OutOfMemoryError[^\n]{0,160}"
-    r"|Detected [0-9]+ oom[-_]kill event[^\n]{0,80})"
-    r"|(?P<xid>NVRM: Xid \([^)\n]*\): (?P<xid_code>[0-9]+)[^\n]{0,120})"
-    r"|(?P<nan>found (?:NaN|Inf|nan|inf) in [^\n]{0,80}|(?:NaN|Inf) detected[^\n]{0,80}"
-    r"|Unexpected result (?:nan|inf)[^\n]{0,80}"
-    r"|(?:lm loss|lm-loss|grad norm): [-+]?(?i:nan|inf)\b)"
-    r"|(?P<nodefail>srun: error: Node failure on [^\n]{0,80})"
-    r"|(?P<marker>slurmtron: job (?P<mjob>[0-9_]+) restart (?P<restart>[0-9]+))"
+    + "".join(f"|(?P<d{i}>{d.pattern})" for i, d in enumerate(DETECTORS))
+    + r"|(?P<marker>slurmtron: job (?P<mjob>[0-9_]+) restart (?P<restart>[0-9]+))"
     r"|(?P<signal>received signal (?:SIG)?[A-Z0-9]+|Main process received SIG[A-Z]+[^\n]{0,60}"
     r"|Killing subprocess [0-9]+)"
 )
 
-_GROUP = {"nccl_timeout": "nccl", "oom": "oom", "xid": "xid", "nan": "nan", "node_failure": "nodefail"}
 SIGNATURE_COLUMNS = ["source", "job_id", "offset", "kind", "cause", "detail", "slurm_job", "host", "at", "at_md"]
 
 # Times printed at the start of the hit's line: Megatron/Python logging ("[2026-11-29 10:00:00")
@@ -95,12 +114,10 @@ def _line_time(text: str, pos: int) -> tuple[str | None, str | None]:
 # Literals one of which every signature line holds: ``str.find`` over the chunk (C, fast) picks
 # the few candidate lines; the full pattern then runs on those lines only. Running the
 # alternation over every position of a multi-GB log is ~50x slower.
-_LITERALS = (
-    "CANCELLED AT", "Watchdog caught", "ProcessGroupNCCL", "NCCL comm", "NCCL watchdog", "NCCL timeout",
-    "out of memory", "OutOfMemoryError", "oom", "NVRM: Xid", "found ", " detected", "Unexpected result",
-    ": nan", ": inf", ": -nan", ": -inf", ": +nan", ": NaN", ": Inf", "Node failure", "received ", "Killing subprocess",
+_LITERALS = tuple(dict.fromkeys((
+    "CANCELLED AT", *(lit for d in DETECTORS for lit in d.literals), "received ", "Killing subprocess",
     "slurmtron: job",
-)
+)))
 
 
 def candidate_lines(text: str, literals: tuple[str, ...]) -> list[tuple[int, int]]:
@@ -122,8 +139,8 @@ def parse_signature_text(text: str, *, source: str = "", job_id: str | None = No
                          base_offset: int = 0) -> tuple[pd.DataFrame, int]:
     """Every error signature in ``text``, in file order, with its cause; ``skipped`` is 0.
 
-    ``kind`` is one of slurm_cancel, slurm_step_cancel, nccl_timeout, oom, xid, nan,
-    node_failure, signal, attempt_start (slurmtron's batch-script banner; ``detail`` holds
+    ``kind`` is one of slurm_cancel, slurm_step_cancel, a :data:`DETECTORS` kind (nccl_timeout,
+    oom, xid, hardware, nan, node_failure), signal, attempt_start (slurmtron's batch-script banner; ``detail`` holds
     the restart count, so the lines after it belong to that attempt).
     ``cause`` is None for ``signal`` rows (a SIGTERM is a consequence, not a cause).
     ``at`` is the cancel time Slurm printed, or the time at the start of the hit's line
@@ -139,7 +156,7 @@ def parse_signature_text(text: str, *, source: str = "", job_id: str | None = No
             scope = g["scope"]
             # a step cancelled without a reason is how every requeue (ours included) ends a step:
             # only the job-level line says "plain scancel"
-            cause = slurm_reason_cause(g["reason"]) if scope == "JOB" or g["reason"] else None
+            cause = slurm_reason_cause(g["reason"]).value if scope == "JOB" or g["reason"] else None
             recs.append((source, job_id, off, "slurm_cancel" if scope == "JOB" else "slurm_step_cancel",
                          cause, detail, g["sjob"], g["host"], g["at"], None))
             continue
@@ -147,10 +164,9 @@ def parse_signature_text(text: str, *, source: str = "", job_id: str | None = No
             recs.append((source, job_id, off, "attempt_start", None, g["restart"], g["mjob"], None, None, None))
             continue
         at, md = _line_time(text, m.start())
-        for kind in ("nccl_timeout", "oom", "xid", "nan", "node_failure"):
-            if g[_GROUP[kind]]:
-                recs.append((source, job_id, off, kind, kind, detail, None, None, at, md))
-                break
+        hit = next((d for i, d in enumerate(DETECTORS) if g[f"d{i}"]), None)
+        if hit is not None:
+            recs.append((source, job_id, off, hit.kind, hit.cause.value, detail, None, None, at, md))
         else:
             recs.append((source, job_id, off, "signal", None, detail, None, None, at, md))
     df = pd.DataFrame(recs, columns=SIGNATURE_COLUMNS)

@@ -84,7 +84,8 @@ class EventKind(StrEnum):
         return obj
 
     JOB_START = ("job_start", "world_size, layout {tp,pp,vpp,cp,ep,dp}, layout_label (tp2-pp1-nodo-dp2), train_iters, "
-                              "nodes, source (slurm|torchrun)")
+                              "nodes, source (slurm|torchrun), numerics, recipe (what replay parity compares: "
+                              "train/replay_parity.py)")
     DATA = ("data", "step, the data sources and their split (train/worker.py) -- what this attempt reads")
     DATA_POSITION = ("data_position", "step, consumed_samples, consumed_per_source -- where each source resumes")
     DATA_CHANGED = ("data_changed", "step, changes -- the data sources differ from the run's previous attempt")
@@ -102,9 +103,9 @@ class EventKind(StrEnum):
                                             "blocking_s, written_s")
     CHECKPOINT_ASYNC_STARTED = ("checkpoint_async_started", "step, reason, blocking_s -- an async save began writing")
     CHECKPOINT_WAIT = ("checkpoint_wait", "step, reason, seconds -- training waited for the async save in flight")
-    CHECKPOINT_WRITE_SLOW = ("checkpoint_write_slow", "step, seconds, limit_s, detail -- an async write took too long")
     CHECKPOINT_ABANDONED = ("checkpoint_abandoned", "step, phase (write|commit), detail -- an async save in flight "
-                                                    "when the attempt failed")
+                                                    "when the attempt failed, or cause writer_stuck, seconds, "
+                                                    "limit_s: a write not durable within the save deadline")
     CHECKPOINT_DELAYED = ("checkpoint_delayed", "step, pending_step, detail -- a save waits for the one in flight")
     CHECKPOINT_SEAL_FALLBACK = ("checkpoint_seal_fallback", "step, rank, detail -- a save sealed the slow way")
     CHECKPOINT_WRITER_COLD = ("checkpoint_writer_cold", "detail -- the async writer could not be warmed up")
@@ -131,6 +132,18 @@ class EventKind(StrEnum):
     REGRESSION = ("regression", "step, the throughput figures -- steps got slower than the run's own baseline")
     LIVE_CHECKS = ("live_checks", "steps, seconds, median_step_s, overhead, repeated_stragglers")
     VALIDATION = ("validation", "step, loss, iters")
+    REPLAY_MATCH = ("replay_match", "mode (bitwise|tolerance), steps, policy, max_rel, detail -- the replayed steps "
+                                    "reproduce the log")
+    REPLAY_MISMATCH = ("replay_mismatch", "mode, steps, step, diffs [{field, logged, replayed, rel}], policy, detail "
+                                          "(recovery/replay.py)")
+    REPLAY_ROLLBACK = ("replay_rollback", "step, to_step, from_step, checkpoint -- "
+                                          "training.replay.on_mismatch=rollback")
+    REPLAY_CHECK_OFF = ("replay_check_off", "step, detail -- the recipe changed since the logging attempt: nothing to "
+                                            "compare")
+    SAVE_FAILED = ("save_failed", "step, cause (storage_error|disk_full|writer_stuck), save (interval|stop_or_final), "
+                                  "policy, in_a_row, go_on, detail -- training.on_save_failure (recovery/savefail.py)")
+    CHECKPOINT_COST = ("checkpoint_cost", "step, mode (sync|async), blocked_s, durable_s, step_s_during, "
+                                          "step_s_outside, steps_during, dip")
     ITERATION = ("iteration", "step, loss, grad_norm, lr (repr of the float: exact), consumed_samples, seconds -- "
                               "every training.log_interval steps, like the log line")
     STOP = ("stop", "reason, code, detail -- an attempt refused or ended: zero_progress|max_restarts|crash|hang|"

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, Sequence, TextIO
 
 from launch.dist_env import free_port
+from launch.kinds import EventKind
 from launch.paths import RunPaths
 from recovery.policy import EXIT_RUN_LOCKED, FINAL_CODES, REFUSAL_CODES
 
@@ -304,8 +305,8 @@ def take_run_lock(run_dir: str | Path, *, job_active: Optional[Callable[[str], O
         old = acquired.taken_over
         message = f"taking over the run lock of {old.describe()}: {acquired.why}"
         _note(echo or sys.stderr, f"WARNING: {message}\n")
-        EventLog(RunPaths.of(run_dir).events).emit("run_lock_takeover", holder=old.describe(), reason=acquired.why,
-                                                   detail=message)
+        EventLog(RunPaths.of(run_dir).events).emit(EventKind.RUN_LOCK_TAKEOVER, holder=old.describe(),
+                                                   reason=acquired.why, detail=message)
     return acquired
 
 

@@ -47,6 +47,7 @@ import sys
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
+from launch.kinds import EventKind
 from launch.paths import RunPaths
 from recovery import policy
 from recovery.events import EventLog, read_events
@@ -156,7 +157,7 @@ def requeue_after_crash(run_dir: Path, env: Mapping[str, str],
     r = Slurm(runner).requeue(job_id)
     log = EventLog(events, job_id=job_id, restart_count=restart)
     ok = r.ok
-    log.emit("requeue", method="scontrol_after_crash", ok=ok, detail=why, error=None if ok else r.words)
+    log.emit(EventKind.REQUEUE, method="scontrol_after_crash", ok=ok, detail=why, error=None if ok else r.words)
     return (policy.EXIT_REQUEUE if ok else 0), why + ("; requeued" if ok else "; scontrol requeue failed")
 
 

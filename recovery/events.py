@@ -6,44 +6,86 @@ leaves every event it emitted. The analysis reports join this with ``sacct`` rec
 Every record has ``time`` (unix seconds, float), ``event`` (a kind below), ``job_id``
 (``SLURM_JOB_ID`` or null), ``restart_count``, ``rank`` and ``host``; each kind adds fields:
 
-==================  ==============================================================
-event               extra fields
-==================  ==============================================================
-job_start           world_size, layout {tp,pp,vpp,cp,ep,dp}, layout_label (tp2-pp1-nodo-dp2), train_iters, nodes, source (slurm|torchrun),
-                    numerics, recipe (what replay parity compares: train/replay_parity.py)
-resume              step, checkpoint, consumed_samples, from_layout, seconds (load time)
-resume_fallback     skipped (path), reason  -- a torn/corrupt checkpoint was passed over
-signal              signal (name), step
-checkpoint_saved    step, path, seconds, bytes, reason (interval|signal|final)
-checkpoint_interval interval, reasoning (Young/Daly)
-checkpoint_abandoned step, phase (write|commit), detail -- an async save in flight when the attempt failed, or
-                    cause writer_stuck, seconds, limit_s: a write not durable within the save deadline
-requeue             method (scontrol|exit_code|scontrol_after_crash), step, signal, job_id_requeued, ok, detail
-lead_time_warning   lead_s, step_s, save_s, detail -- the signal lead is shorter than a step plus a save
-failed_node         host, source -- a node a NODE_FAIL came from (recovery/exclusion.py)
-exclude             hosts, ok, detail -- recorded bad nodes kept out of the next attempt
-stop                reason, code, detail -- an attempt refused or ended: zero_progress|max_restarts|crash|
-                    checkpoint_mismatch|unsupported_software|...; or, after a stop checkpoint (recovery/stop.py),
-                    who stopped it: user_cancel|user_stop|user_requeue|preemption|time_limit|node_failure|
-                    undecided|local_signal|requeue_signal, with requeue (bool), evidence (Slurm's answer) and step
-exit                reason (completed|requeue|stopped|signal|error|unsupported_software|...), code, step
-previous_slice_timeout job_id_previous, restart_previous, slurm_state, last_step, resume_step, steps_lost -- the
-                    slice before this one ended TIMEOUT with no stop checkpoint and no exit (train/previous_slice.py)
-train_end           step, consumed_samples
-replay_match        mode (bitwise|tolerance), steps, policy, max_rel, detail -- the replayed steps reproduce the log
-replay_mismatch     mode, steps, step, diffs [{field, logged, replayed, rel}], policy, detail (recovery/replay.py)
-replay_rollback     step, to_step, from_step, checkpoint -- training.replay.on_mismatch=rollback
-replay_check_off    step, detail -- the recipe changed since the logging attempt: nothing to compare
-save_failed         step, cause (storage_error|disk_full|writer_stuck), save (interval|stop_or_final), policy,
-                    in_a_row, go_on, detail -- training.on_save_failure (recovery/savefail.py)
-checkpoint_cost     step, mode (sync|async), blocked_s, durable_s, step_s_during, step_s_outside, steps_during, dip
-iteration           step, loss, grad_norm, lr (repr of the float: exact), consumed_samples, seconds
-                    -- every training.log_interval steps, like the log line
-==================  ==============================================================
+=========================  ==============================================================
+event                      extra fields
+=========================  ==============================================================
+job_start                  world_size, layout {tp,pp,vpp,cp,ep,dp}, layout_label (tp2-pp1-nodo-dp2), train_iters,
+                           nodes, source (slurm|torchrun), numerics, recipe (what replay parity compares:
+                           train/replay_parity.py)
+data                       step, the data sources and their split (train/worker.py) -- what this attempt reads
+data_position              step, consumed_samples, consumed_per_source -- where each source resumes
+data_changed               step, changes -- the data sources differ from the run's previous attempt
+resume                     step, checkpoint, consumed_samples, from_layout, seconds (load time)
+resume_fallback            skipped (path), reason, detail -- a torn/corrupt checkpoint was passed over
+                           (latest_invalid, latest_target_missing, not_a_directory, no_owner, torn_first_save,
+                           ...)
+quarantine                 path, to, reason (e.g. unsafe_checkpoint), why, detail -- a checkpoint moved aside
+shared_checkpoint_trusted  path, reason, detail -- a checkpoint others can write, loaded because the environment
+                           trusts it
+start_over                 reason, detail -- training.restart_from_scratch=true: earlier checkpoints ignored
+run_lock_takeover          holder, reason, detail -- a stale run lock taken over
+signal                     signal (name), step
+checkpoint_saved           step, path, seconds, bytes, reason (interval|signal|final), mode, blocking_s, written_s
+checkpoint_async_started   step, reason, blocking_s -- an async save began writing
+checkpoint_wait            step, reason, seconds -- training waited for the async save in flight
+checkpoint_abandoned       step, phase (write|commit), detail -- an async save in flight when the attempt failed,
+                           or cause writer_stuck, seconds, limit_s: a write not durable within the save deadline
+checkpoint_delayed         step, pending_step, detail -- a save waits for the one in flight
+checkpoint_seal_fallback   step, rank, detail -- a save sealed the slow way
+checkpoint_writer_cold     detail -- the async writer could not be warmed up
+checkpoint_interval        interval, reasoning (Young/Daly), write_s, blocking_s
+prune_skipped              step, detail -- old checkpoints were kept (pruning them failed)
+disk_space_warning         step, detail, free/needed bytes -- the next save may not fit
+lead_time_warning          lead_s, step_s, save_s, wait_s, detail -- the signal lead is shorter than a step plus a
+                           save
+requeue                    method (scontrol|exit_code|scontrol_after_crash|slurm), step, signal, job_id_requeued,
+                           ok, detail, error
+failed_node                host, source -- a node a NODE_FAIL (sacct), a hang twice or a hardware fault came from
+                           (recovery/exclusion.py)
+exclude                    hosts, ok, detail; bad_here (recorded failed nodes in this allocation: it requeues
+                           away), or reason (a hardware fault of this node: ECC, Xid, NVLink, IB) -- recorded bad
+                           nodes kept out of the next attempt
+hang                       deadline, deadline_s, arithmetic, step, suspects, victims, unknown, stacks, dump -- the
+                           hang watchdog's finding (recovery/watchdog.py)
+watchdog_unavailable       detail -- the hang watchdog could not start
+nan                        step, loss, grad_norm, where, policy, first_sample -- a non-finite loss or grad norm
+nan_rollback               step, to_step, checkpoint, skip_batches, skip_first_sample
+batches_skipped            step, batches, samples, first_sample
+loss_scale_overflow        step, loss_scale
+straggler                  step, steps, rank_slow, host_slow, ratio, compute_s, median_s
+regression                 step, the throughput figures -- steps got slower than the run's own baseline
+live_checks                steps, seconds, median_step_s, overhead, repeated_stragglers
+validation                 step, loss, iters
+replay_match               mode (bitwise|tolerance), steps, policy, max_rel, detail -- the replayed steps
+                           reproduce the log
+replay_mismatch            mode, steps, step, diffs [{field, logged, replayed, rel}], policy, detail
+                           (recovery/replay.py)
+replay_rollback            step, to_step, from_step, checkpoint -- training.replay.on_mismatch=rollback
+replay_check_off           step, detail -- the recipe changed since the logging attempt: nothing to compare
+save_failed                step, cause (storage_error|disk_full|writer_stuck), save (interval|stop_or_final),
+                           policy, in_a_row, go_on, detail -- training.on_save_failure (recovery/savefail.py)
+checkpoint_cost            step, mode (sync|async), blocked_s, durable_s, step_s_during, step_s_outside,
+                           steps_during, dip
+iteration                  step, loss, grad_norm, lr (repr of the float: exact), consumed_samples, seconds --
+                           every training.log_interval steps, like the log line
+stop                       reason, code, detail -- an attempt refused or ended:
+                           zero_progress|max_restarts|crash|hang|checkpoint_mismatch|unsupported_software|...; or,
+                           after a stop checkpoint (recovery/stop.py), who stopped it (a decided cause, undecided,
+                           local_signal, requeue_signal), with requeue (bool), evidence (Slurm's answer), step and
+                           saved
+exit                       reason (completed|requeue|stopped|signal|error|hang|unsupported_software|...), code,
+                           step
+previous_slice_timeout     job_id_previous, restart_previous, slurm_state, last_step, resume_step, steps_lost --
+                           the slice before this one ended TIMEOUT with no stop checkpoint and no exit
+                           (train/previous_slice.py)
+train_end                  step, consumed_samples
+tracking_unavailable       writer, detail -- a tracking package missing or failing to start (train/tracking.py)
+tracking_fallback          writer, mode, step, detail -- W&B resumed without a rewind, so redone steps may show
+                           twice there
+=========================  ==============================================================
 
-The tracking rank adds ``tracking_unavailable`` (writer, detail: a package missing or failing to start)
-and ``tracking_fallback`` (writer, mode, step, detail: W&B resumed without a rewind, so redone steps may
-show twice there; train/tracking.py).
+The kinds are :class:`launch.kinds.EventKind`: every emitter names one of them (never a string literal), and this
+table is the output of ``python -m launch.kinds events`` (tests/test_kinds.py compares).
 """
 from __future__ import annotations
 
@@ -53,6 +95,8 @@ import socket
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
+
+from launch.kinds import EventKind
 
 
 class EventLog:
@@ -77,10 +121,10 @@ class EventLog:
         self.host = host or socket.gethostname()
         self.enabled = enabled
 
-    def emit(self, event: str, **fields: Any) -> dict:
+    def emit(self, event: EventKind, **fields: Any) -> dict:
         record = {
             "time": self.clock(),
-            "event": event,
+            "event": str(event),
             "job_id": self.job_id,
             "restart_count": self.restart_count,
             "rank": self.rank,

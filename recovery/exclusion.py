@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from launch.hardware_faults import hardware_fault
+from launch.kinds import EventKind
 from launch.paths import RunPaths
 from recovery import policy
 from recovery.slurm import Runner, Slurm, default_runner
@@ -251,7 +252,7 @@ def start_check(run_dir: Path, env: Mapping[str, str], runner: Runner = default_
     failed = recorded_hosts(run_dir)
     if emit is not None:
         for host in learned:
-            emit("failed_node", host=host, source="sacct")
+            emit(EventKind.FAILED_NODE, host=host, source="sacct")
     here = expand_hosts(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "", runner)
     bad = [h for h in here if h in failed]
     detail = "; ".join(notes)
@@ -262,7 +263,7 @@ def start_check(run_dir: Path, env: Mapping[str, str], runner: Runner = default_
                                                  "cluster.requeue_allowed is false: training anyway")
     res = requeue_excluding(job_id, failed, runner)
     if emit is not None:
-        emit("exclude", hosts=failed, bad_here=bad, ok=res.ok, detail=res.detail)
+        emit(EventKind.EXCLUDE, hosts=failed, bad_here=bad, ok=res.ok, detail=res.detail)
     if not res.ok:
         return StartCheck("train", learned, bad, f"could not requeue away from {','.join(bad)}: {res.detail}")
     return StartCheck("requeue", learned, bad, res.detail)

@@ -97,6 +97,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
+from launch.kinds import EventKind
 from launch.paths import RunPaths
 from recovery.slurm import Runner, Slurm, default_runner
 
@@ -330,7 +331,7 @@ def after_stop_save(
     else:
         detail = "not under Slurm: the local launcher relaunches on exit 42"
     if events is not None:
-        events.emit("requeue", method=method, step=step, signal=name, job_id_requeued=job_id or None,
+        events.emit(EventKind.REQUEUE, method=method, step=step, signal=name, job_id_requeued=job_id or None,
                     detail=detail)
     return EXIT_REQUEUE
 

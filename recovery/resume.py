@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from launch.kinds import EventKind
 from recovery.commit import (
     ASIDE_SUFFIX,
     DELETE_SUFFIX,
@@ -231,14 +232,15 @@ def plan_resume(
         not_dirs: list = []
         found = candidates_of(root, storage=st, not_dirs=not_dirs)
         for name in not_dirs:
-            notices.append({"event": "resume_fallback", "skipped": str(root / name), "reason": "not_a_directory",
+            notices.append({"event": EventKind.RESUME_FALLBACK, "skipped": str(root / name),
+                            "reason": "not_a_directory",
                             "message": f"skipping {root / name}: it is not a directory (a checkpoint replaced by a "
                                        f"file?); left as it is"})
         if restart_from_scratch:
             for step, suffix, name in found:
                 dest = quarantine(root, root / name, "training.restart_from_scratch=true", storage=st,
                                   clock=clock) if apply else None
-                notices.append({"event": "quarantine", "path": str(root / name), "to": str(dest),
+                notices.append({"event": EventKind.QUARANTINE, "path": str(root / name), "to": str(dest),
                                 "reason": "training.restart_from_scratch=true",
                                 "message": f"restart_from_scratch: moving {root / name} to {dest}" if apply else
                                            f"restart_from_scratch: would move {root / name} to quarantine/"})
@@ -254,12 +256,13 @@ def plan_resume(
     hint = res.latest_hint
     raw = _raw_latest(root, st)
     if raw and not hint:
-        notices.append({"event": "resume_fallback", "skipped": None, "reason": "latest_invalid",
+        notices.append({"event": EventKind.RESUME_FALLBACK, "skipped": None, "reason": "latest_invalid",
                         "message": f"'latest' says {raw[:200]!r}, which is not a checkpoint name of {root} (it "
                                    f"points outside the run's checkpoint directory?); ignoring it, searching the "
                                    f"directory instead"})
     if hint and not st.exists(root / hint):
-        notices.append({"event": "resume_fallback", "skipped": str(root / hint), "reason": "latest_target_missing",
+        notices.append({"event": EventKind.RESUME_FALLBACK, "skipped": str(root / hint),
+                        "reason": "latest_target_missing",
                         "message": f"'latest' names {hint}, which does not exist; searching the directory instead"})
     if res.path is not None:
         problem = owner_problem(res.owner, identity, res.meta)
@@ -269,16 +272,16 @@ def plan_resume(
                               f"give this run its own directory (run.name / cluster.checkpoint_root) or start over "
                               f"deliberately with training.restart_from_scratch=true")
         if res.owner is None and identity is not None:
-            notices.append({"event": "resume_fallback", "skipped": None, "reason": "no_owner",
+            notices.append({"event": EventKind.RESUME_FALLBACK, "skipped": None, "reason": "no_owner",
                             "message": f"{res.path} records no owner (an older manifest); its model shape matches, "
                                        f"loading it"})
     for path, reason in res.skipped:
         parsed = parse_dir_name(Path(path).name)
-        notices.append({"event": "resume_fallback", "skipped": str(path), "reason": reason,
+        notices.append({"event": EventKind.RESUME_FALLBACK, "skipped": str(path), "reason": reason,
                         "message": f"skipping checkpoint {path}: {reason}"})
         if res.path is not None and parsed and parsed[1] != STAGING_SUFFIX:
             dest = quarantine(root, Path(path), reason, storage=st, clock=clock) if apply else None
-            notices.append({"event": "quarantine", "path": str(path), "to": str(dest), "reason": reason,
+            notices.append({"event": EventKind.QUARANTINE, "path": str(path), "to": str(dest), "reason": reason,
                             "message": f"quarantined {path} -> {dest}: {reason}" if apply else
                                        f"would quarantine {path} (to quarantine/): {reason}"})
     if res.path is not None:
@@ -303,7 +306,8 @@ def plan_resume(
                           f"the wrong filesystem? Nothing was started; to start over deliberately set "
                           f"training.restart_from_scratch=true")
     if res.skipped:
-        notices.append({"event": "resume_fallback", "skipped": str(res.skipped[0][0]), "reason": "torn_first_save",
+        notices.append({"event": EventKind.RESUME_FALLBACK, "skipped": str(res.skipped[0][0]),
+                        "reason": "torn_first_save",
                         "message": "the only checkpoint is a staged save that never committed, and the run never "
                                    "committed one: starting at step 0"})
     return ResumePlan("start", "start", "no checkpoint yet", notices=notices)
@@ -333,7 +337,8 @@ def _vet_safety(root: Path, path: Path, notices: list, *, apply: bool, storage: 
     if unsafe:
         reason = f"unsafe pickle: {unsafe}"
         dest = quarantine(root, path, reason, storage=storage, clock=clock) if apply else None
-        notices.append({"event": "quarantine", "path": str(path), "to": str(dest), "reason": "unsafe_checkpoint",
+        notices.append({"event": EventKind.QUARANTINE, "path": str(path), "to": str(dest),
+                        "reason": "unsafe_checkpoint",
                         "why": unsafe,
                         "message": f"quarantined {path} -> {dest}: {reason}" if apply else
                                    f"would quarantine {path} (to quarantine/): {reason}"})
@@ -349,7 +354,7 @@ def _vet_safety(root: Path, path: Path, notices: list, *, apply: bool, storage: 
                               f"{shared}: another user could have changed what this run would load. Nothing was "
                               f"loaded or changed; make it private (chmod -R go-w {root}, owned by this user) or, "
                               f"if sharing it is intended, set {TRUST_ENV}=1", notices=notices)
-        notices.append({"event": "shared_checkpoint_trusted", "path": str(path), "reason": "trusted_by_env",
+        notices.append({"event": EventKind.SHARED_CHECKPOINT_TRUSTED, "path": str(path), "reason": "trusted_by_env",
                         "message": f"{shared}; loading it anyway because {TRUST_ENV}=1"})
     return None
 

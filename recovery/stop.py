@@ -67,16 +67,19 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
-USER_CANCEL = "user_cancel"
-USER_STOP = "user_stop"
-USER_REQUEUE = "user_requeue"
-PREEMPTION = "preemption"
-TIME_LIMIT = "time_limit"
-NODE_FAILURE = "node_failure"
+from launch.kinds import Cause
+
+# The causes the ranks decide here (launch/kinds.py: ``decided``); each requeues unless it is ``final``.
+USER_CANCEL = Cause.USER_CANCEL
+USER_STOP = Cause.USER_STOP
+USER_REQUEUE = Cause.USER_REQUEUE
+PREEMPTION = Cause.PREEMPTION
+TIME_LIMIT = Cause.TIME_LIMIT
+NODE_FAILURE = Cause.NODE_FAILURE
+# Stop reasons that name no cause: the report takes the cause from other evidence.
 UNDECIDED = "undecided"
 LOCAL_SIGNAL = "local_signal"
 REQUEUE_SIGNAL = "requeue_signal"  # SIGUSR2 whose timing could not be read: requeue, cause unknown
-NODE_EXCLUSION = "node_exclusion"  # not a stop: an attempt on a recorded failed node requeued away (recovery/exclusion)
 
 WARNING_SLACK_S = 60.0  # Slurm checks time limits about every 30 s: the warning can come that early
 QUERY_WAIT_S = 100.0  # at worst scontrol (60 s) then sacct (30 s), recovery.slurm's timeouts
@@ -93,6 +96,11 @@ class StopDecision:
     requeue: bool
     evidence: str
     requeued_by_slurm: bool = False  # Slurm already requeued the job: rank 0 must not ask again
+
+    @classmethod
+    def of(cls, cause: Cause, evidence: str, **kw: Any) -> "StopDecision":
+        """A decision naming a cause of the vocabulary: a requeue unless the cause is final."""
+        return cls(cause.value, not cause.final, evidence, **kw)
 
     def as_dict(self) -> dict:
         return {"reason": self.reason, "requeue": self.requeue, "evidence": self.evidence,
@@ -207,8 +215,8 @@ def decide(signum: int, view: Optional[SlurmView], *, under_slurm: bool, restart
     if stop_requested:
         if d is None or d.requeue or d.reason == UNDECIDED:
             why = "stop request file (launch/stop.py)"
-            return StopDecision(USER_STOP, False, why + (f"; over {_signame(signum)}: {d.reason} ({d.evidence})"
-                                                         if d else ""))
+            return StopDecision.of(USER_STOP, why + (f"; over {_signame(signum)}: {d.reason} ({d.evidence})"
+                                                     if d else ""))
     assert d is not None, "decide() needs a signal or a stop request"
     return d
 
@@ -220,7 +228,7 @@ def _decide_signal(signum: int, view: Optional[SlurmView], *, under_slurm: bool,
         return StopDecision(LOCAL_SIGNAL, True, f"{name} outside Slurm: exit 42; the local launcher relaunches "
                                                 f"unless its user interrupted it")
     if signum == signal.SIGUSR1:
-        return StopDecision(USER_STOP, False, f"{name} (scancel --signal=USR1: stop without requeue)")
+        return StopDecision.of(USER_STOP, f"{name} (scancel --signal=USR1: stop without requeue)")
     seen = view.summary() if view is not None else "no Slurm answer"
     if signum == signal.SIGUSR2:
         end = view.end_time if view is not None else None
@@ -230,16 +238,16 @@ def _decide_signal(signum: int, view: Optional[SlurmView], *, under_slurm: bool,
         left = end - when
         window = lead_s + WARNING_SLACK_S
         if left <= window:
-            return StopDecision(TIME_LIMIT, True, f"{name} {left:.0f} s before EndTime <= lead {lead_s:g} s + "
-                                                  f"{WARNING_SLACK_S:g} s: the time-limit warning ({seen})")
-        return StopDecision(USER_REQUEUE, True, f"{name} {left:.0f} s before EndTime > lead {lead_s:g} s + "
-                                                f"{WARNING_SLACK_S:g} s: scancel --signal=USR2 ({seen})")
+            return StopDecision.of(TIME_LIMIT, f"{name} {left:.0f} s before EndTime <= lead {lead_s:g} s + "
+                                               f"{WARNING_SLACK_S:g} s: the time-limit warning ({seen})")
+        return StopDecision.of(USER_REQUEUE, f"{name} {left:.0f} s before EndTime > lead {lead_s:g} s + "
+                                             f"{WARNING_SLACK_S:g} s: scancel --signal=USR2 ({seen})")
     # SIGTERM, SIGINT: a cancel, a preemption, a time limit, a node failure, or someone's kill
     if view is None or not view.ok:
         return StopDecision(UNDECIDED, False, f"{name}; Slurm could not be asked ({seen})")
     acct, state, reason = view.accounting or "", view.state, view.reason.lower()
     if acct.startswith("CANCELLED") or state.startswith("CANCELLED"):
-        return StopDecision(USER_CANCEL, False, f"{name}; {seen}")
+        return StopDecision.of(USER_CANCEL, f"{name}; {seen}")
     if view.restarts is not None and view.restarts > restart_count:
         if "NODE_FAIL" in (acct, state) or "node" in reason:
             cause = NODE_FAILURE
@@ -247,17 +255,17 @@ def _decide_signal(signum: int, view: Optional[SlurmView], *, under_slurm: bool,
             cause = PREEMPTION
         else:  # REQUEUED, no PreemptTime: `scontrol requeue` by the job's user or an admin
             cause = USER_REQUEUE
-        return StopDecision(cause, True, f"{name}; Slurm already requeued the job (Restarts {view.restarts} > "
-                                         f"{restart_count}): {seen}", requeued_by_slurm=True)
+        return StopDecision.of(cause, f"{name}; Slurm already requeued the job (Restarts {view.restarts} > "
+                                      f"{restart_count}): {seen}", requeued_by_slurm=True)
     if view.preempt_time or "PREEMPTED" in (acct, state):
-        return StopDecision(PREEMPTION, True, f"{name}; {seen}")
+        return StopDecision.of(PREEMPTION, f"{name}; {seen}")
     if reason == "timelimit" or "TIMEOUT" in (acct, state):
-        return StopDecision(TIME_LIMIT, True, f"{name}; {seen}")
+        return StopDecision.of(TIME_LIMIT, f"{name}; {seen}")
     if "NODE_FAIL" in (acct, state) or "node" in reason:
-        return StopDecision(NODE_FAILURE, True, f"{name}; {seen}")
+        return StopDecision.of(NODE_FAILURE, f"{name}; {seen}")
     if view.accounting is None and state == "COMPLETING" and reason in ("", "none"):
-        return StopDecision(USER_CANCEL, False, f"{name}; no accounting record, and the controller is ending the "
-                                                f"job with no reason, no preemption and no restart: {seen}")
+        return StopDecision.of(USER_CANCEL, f"{name}; no accounting record, and the controller is ending the "
+                                            f"job with no reason, no preemption and no restart: {seen}")
     return StopDecision(UNDECIDED, False, f"{name}; nothing in Slurm's answer says preemption, time limit or "
                                           f"node failure ({seen})")
 

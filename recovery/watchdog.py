@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
+from launch.kinds import EventKind
 from recovery import hang_report
 from recovery.hang_report import Limits, Watch
 
@@ -300,7 +301,7 @@ class Watcher:
         ev = EventLog(Path(self.a["run_dir"]) / "events.jsonl", rank=0, job_id=self.a.get("job_id"),
                       restart_count=int(self.a["restart"]), host=self.a.get("host"))
         slim = lambda xs: [{"rank": x["rank"], "host": x["host"], "why": x["why"]} for x in xs]  # noqa: E731
-        ev.emit("hang", deadline=trigger.get("what"), deadline_s=trigger.get("seconds"),
+        ev.emit(EventKind.HANG, deadline=trigger.get("what"), deadline_s=trigger.get("seconds"),
                 arithmetic=trigger.get("arithmetic"), step=summary["furthest"].get("step"),
                 suspects=slim(summary["suspects"]), victims=slim(summary["victims"]),
                 unknown=slim(summary["unknown"]), stacks=str(self.dir), dump="faulthandler")
@@ -309,12 +310,12 @@ class Watcher:
 
             policy.record_failed_node(Path(self.a["run_dir"]), host, "a rank on it hung in two attempts in a row",
                                       job_id=self.a.get("job_id"))
-            ev.emit("failed_node", host=host, source="hang_twice")
+            ev.emit(EventKind.FAILED_NODE, host=host, source="hang_twice")
         names = ", ".join(f"rank {s['rank']} on {s['host']}" for s in summary["suspects"]) or "none"
-        ev.emit("stop", reason="hang", code=1,
+        ev.emit(EventKind.STOP, reason="hang", code=1,
                 detail=f"{trigger.get('what')} deadline missed ({trigger.get('arithmetic')}); suspects: {names}; "
                        f"stacks in {self.dir}")
-        ev.emit("exit", reason="hang", code=1, step=summary["furthest"].get("step"))
+        ev.emit(EventKind.EXIT, reason="hang", code=1, step=summary["furthest"].get("step"))
 
     def end_rank(self) -> None:
         """End the attempt: the rank dies; srun, the launcher or the harness take the rest down."""

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from fake_slurm import FakeSlurm
 
-from analysis import parse_slurm, plots, signatures
+from analysis import parse_slurm
 from recovery import policy
 from recovery import stop as st
 from recovery.events import EventLog, read_events
@@ -65,14 +65,6 @@ def test_a_requeue_that_finds_the_job_pending_is_not_reported_as_failed(tmp_path
     other = FakeSlurm(job_id="8100", fail={"scontrol requeue"}, fail_words="Access/permission denied")
     policy.after_stop_save(signal.SIGTERM, {"SLURM_JOB_ID": "8100"}, other, events=log)
     assert read_events(tmp_path / "events.jsonl")[-1]["detail"].startswith("scontrol requeue 8100 failed (rc 1)")
-
-
-def test_every_cause_is_in_every_list():
-    for cause in signatures.CAUSES:
-        assert cause in signatures.CAUSE_PRIORITY and cause in plots.CAUSE_COLORS
-    assert set(c for c in parse_slurm.SACCT_STATE_CAUSE.values() if c) <= set(signatures.CAUSES)
-    assert {st.USER_CANCEL, st.USER_STOP, st.USER_REQUEUE, st.PREEMPTION, st.TIME_LIMIT, st.NODE_FAILURE} \
-        == set(signatures.DECIDED_CAUSES)
 
 
 def _at(minutes: float) -> datetime:

@@ -36,6 +36,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from launch.kinds import EventKind
 from train.context import broadcast
 
 
@@ -186,7 +187,7 @@ class AsyncSaves:
         blocking = ctx.clock() - t0
         self.pending = InFlight(step, reason, t0, blocking, meta)
         ctx.beat("train", step)  # the write goes on in the background: the watchdog watches steps again
-        ctx.emit("checkpoint_async_started", step=step, blocking_s=blocking, reason=reason)
+        ctx.emit(EventKind.CHECKPOINT_ASYNC_STARTED, step=step, blocking_s=blocking, reason=reason)
         ctx.log(f"  checkpoint at iteration {step:7d} is being written in the background "
                 f"(training blocked {blocking:.2f} s)")
 
@@ -250,7 +251,7 @@ class AsyncSaves:
                 self.judge_failure(e, p.step, p.reason)
                 return ctx.clock() - t0
         waited = ctx.clock() - t0
-        ctx.emit("checkpoint_wait", step=p.step, seconds=waited, reason=why)
+        ctx.emit(EventKind.CHECKPOINT_WAIT, step=p.step, seconds=waited, reason=why)
         ctx.log(f"  the asynchronous save of iteration {p.step} is durable (waited {waited:.2f} s)")
         return waited
 
@@ -299,8 +300,8 @@ class AsyncSaves:
                f"filesystem too slow); abandoned: its writers were killed, {ctx.paths.staging(p.step).name} is never "
                f"loaded")
         ctx.log(f"WARNING: {msg}")
-        ctx.emit("checkpoint_abandoned", step=p.step, phase=p.phase, cause="writer_stuck", seconds=age, limit_s=limit,
-                 detail=msg)
+        ctx.emit(EventKind.CHECKPOINT_ABANDONED, step=p.step, phase=p.phase, cause="writer_stuck", seconds=age,
+                 limit_s=limit, detail=msg)
         raise SaveFailed({"reason": "storage_error", "cause": "writer_stuck", "code": policy.EXIT_STORAGE,
                           "detail": msg, "step": p.step})
 
@@ -318,7 +319,7 @@ class AsyncSaves:
                                    storage=ctx.storage, run=self.identity)
             # durable now: recorded at once (the event log appends one line per write), not at the agreement a
             # step later, so the log never lacks a committed checkpoint that a kill in between leaves behind
-            record = ctx.events.emit("checkpoint_saved", step=p.step, path=str(result.path),
+            record = ctx.events.emit(EventKind.CHECKPOINT_SAVED, step=p.step, path=str(result.path),
                                      seconds=ctx.clock() - p.t0, bytes=result.bytes, reason=p.reason,
                                      blocking_s=p.blocking_s, written_s=p.written_s, mode="async")
             return ("ok", (result, record))
@@ -355,7 +356,7 @@ class AsyncSaves:
                f"it cannot be finished without every rank, so it stays {ctx.paths.staging(p.step).name} and is never "
                f"loaded: the next attempt resumes from the newest verified checkpoint before iteration {p.step}")
         ctx.log(f"WARNING: {msg}")
-        ctx.emit("checkpoint_abandoned", step=p.step, phase=p.phase, detail=msg)
+        ctx.emit(EventKind.CHECKPOINT_ABANDONED, step=p.step, phase=p.phase, detail=msg)
 
 
 def warm_results_queue() -> None:

@@ -16,6 +16,7 @@ from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
+from launch.kinds import EventKind
 from recovery.interval import resolve_interval
 from recovery.resume import Resume
 from train.async_ckpt import AsyncSaves, save_cost
@@ -77,7 +78,7 @@ def _decide(ctx: RankContext) -> Start:
         return refuse("run_locked", str(e), notices)
     if ctx.run_lock.taken_over is not None:
         old = ctx.run_lock.taken_over
-        notices.append({"event": "run_lock_takeover", "holder": old.describe(), "reason": ctx.run_lock.why,
+        notices.append({"event": EventKind.RUN_LOCK_TAKEOVER, "holder": old.describe(), "reason": ctx.run_lock.why,
                         "message": f"taking over the run lock of {old.describe()}: {ctx.run_lock.why}"})
     identity = run_identity(ctx.job, ctx.paths.run_dir)
     fresh = ctx.restart == 0
@@ -86,7 +87,7 @@ def _decide(ctx: RankContext) -> Start:
                        committed=committed_steps(read_events(ctx.paths.events)), restart_from_scratch=scratch,
                        trust_shared=trusts_shared(ctx.env))
     if scratch:
-        notices.append({"event": "start_over", "reason": "training.restart_from_scratch=true",
+        notices.append({"event": EventKind.START_OVER, "reason": "training.restart_from_scratch=true",
                         "message": "training.restart_from_scratch=true: starting at step 0 (old checkpoints are "
                                    "in quarantine/, not deleted)"})
     notices += plan.notices
@@ -167,7 +168,7 @@ class Checkpointer(AsyncSaves):
         if error:
             msg = f"checkpoint writer not warmed up ({error}); the first save pays its start-up"
             self.ctx.log(f"WARNING: {msg}")
-            self.ctx.emit("checkpoint_writer_cold", detail=msg)
+            self.ctx.emit(EventKind.CHECKPOINT_WRITER_COLD, detail=msg)
 
     # ---- resume ---------------------------------------------------------------------------
 
@@ -189,8 +190,8 @@ class Checkpointer(AsyncSaves):
                            skips=[list(x) for x in ts.get("data_skips") or []])
         ctx.log(f"  successfully loaded checkpoint from {resume.path} at iteration {state.step} "
                 f"({loaded.seconds:.2f} s)")
-        ctx.emit("resume", step=state.step, checkpoint=str(resume.path), consumed_samples=state.consumed_samples,
-                 from_layout=ts.get("layout"), seconds=loaded.seconds)
+        ctx.emit(EventKind.RESUME, step=state.step, checkpoint=str(resume.path),
+                 consumed_samples=state.consumed_samples, from_layout=ts.get("layout"), seconds=loaded.seconds)
         self.saved_steps.add(state.step)
         self.loaded = (resume.path, state.step)
         if ctx.is_first:  # the measured size the next save needs (the free-space check)
@@ -225,7 +226,7 @@ class Checkpointer(AsyncSaves):
         back = TrainState(step=int(ts["step"]), consumed_samples=int(ts["consumed_samples"]), skips=skips)
         ctx.log(f"WARNING: rolled back to the verified checkpoint {path} (iteration {back.step}); "
                 f"{t.nan_skip_batches} batch(es) from sample {bad_from} will be skipped")
-        ctx.emit("nan_rollback", step=state.step + 1, to_step=back.step, checkpoint=str(path),
+        ctx.emit(EventKind.NAN_ROLLBACK, step=state.step + 1, to_step=back.step, checkpoint=str(path),
                  skip_first_sample=bad_from, skip_batches=t.nan_skip_batches)
         ctx.beat("train", back.step)
         return back
@@ -246,7 +247,8 @@ class Checkpointer(AsyncSaves):
         if ctx.is_first and bad_path is not None:
             moved = quarantine(ctx.paths.checkpoints, bad_path, f"replay mismatch: {why}", storage=ctx.storage)
             ctx.log(f"WARNING: quarantined {bad_path} -> {moved}: its replayed steps do not match the log")
-            ctx.emit("quarantine", path=str(bad_path), to=str(moved), reason="replay_mismatch", detail=why[:2000])
+            ctx.emit(EventKind.QUARANTINE, path=str(bad_path), to=str(moved), reason="replay_mismatch",
+                     detail=why[:2000])
             res = find_latest_verified(ctx.paths.checkpoints, storage=ctx.storage)
             path = res.path
         path = broadcast(path)
@@ -263,7 +265,8 @@ class Checkpointer(AsyncSaves):
         self.saved_steps.add(back.step)
         ctx.log(f"WARNING: rolled back to the verified checkpoint {path} (iteration {back.step}) after a replay "
                 f"mismatch; replaying from there")
-        ctx.emit("replay_rollback", step=state.step, to_step=back.step, checkpoint=str(path), from_step=bad_step)
+        ctx.emit(EventKind.REPLAY_ROLLBACK, step=state.step, to_step=back.step, checkpoint=str(path),
+                 from_step=bad_step)
         ctx.beat("train", back.step)
         return back
 
@@ -309,7 +312,7 @@ class Checkpointer(AsyncSaves):
         self.failed_in_a_row += 1
         go_on, why = judge_failure(t.on_save_failure, save_reason, self.failed_in_a_row, t.max_skipped_saves)
         stop = e.stop
-        ctx.emit("save_failed", step=stop.get("step", step), cause=stop.get("cause", stop["reason"]),
+        ctx.emit(EventKind.SAVE_FAILED, step=stop.get("step", step), cause=stop.get("cause", stop["reason"]),
                  save=save_reason, policy=t.on_save_failure, in_a_row=self.failed_in_a_row, go_on=go_on,
                  detail=f"{stop['detail']}; {why}"[:2000])
         e.reported = True
@@ -337,7 +340,7 @@ class Checkpointer(AsyncSaves):
                        f"{self.pending.step} is still being written (at most one save in flight); it is saved "
                        f"at the first step boundary after that one is committed")
                 self.ctx.log(f"WARNING: {msg}")
-                self.ctx.emit("checkpoint_delayed", step=state.step, pending_step=self.pending.step, detail=msg)
+                self.ctx.emit(EventKind.CHECKPOINT_DELAYED, step=state.step, pending_step=self.pending.step, detail=msg)
             return
         self._owed = None
         if state.step == 0 or state.step in self.saved_steps:
@@ -426,7 +429,7 @@ class Checkpointer(AsyncSaves):
 
     def _said_cost(self, step: int, mode: str, cost: dict) -> None:
         """The three numbers of a committed save as a ``checkpoint_cost`` event and TensorBoard scalars."""
-        self.ctx.emit("checkpoint_cost", step=step, mode=mode, **cost)
+        self.ctx.emit(EventKind.CHECKPOINT_COST, step=step, mode=mode, **cost)
         if self.ctx.tracker is not None:
             self.ctx.tracker.scalars(step, {k: v for k, v in (
                 ("ckpt_blocked_s", cost["blocked_s"]), ("ckpt_durable_s", cost["durable_s"]),
@@ -456,7 +459,7 @@ class Checkpointer(AsyncSaves):
             msg = (f"rank {rank} could not hash its shards of iteration {step} ({value}); rank 0 reads and hashes "
                    f"them instead")
             self.ctx.log(f"WARNING: {msg}")
-            self.ctx.emit("checkpoint_seal_fallback", step=step, rank=rank, detail=msg)
+            self.ctx.emit(EventKind.CHECKPOINT_SEAL_FALLBACK, step=step, rank=rank, detail=msg)
         return digests
 
     def _stage(self, step: int) -> Optional[dict]:
@@ -483,7 +486,7 @@ class Checkpointer(AsyncSaves):
                       f"the last checkpoint took {self.last_bytes}; nothing was written, committed checkpoints are "
                       f"untouched. Free space, then resubmit the same run.name")
             return {"reason": "disk_full", "code": policy.EXIT_DISK_FULL, "detail": detail, "step": step, **fields}
-        ctx.emit("disk_space_warning", detail=text, step=step, **fields)
+        ctx.emit(EventKind.DISK_SPACE_WARNING, detail=text, step=step, **fields)
         ctx.log(f"WARNING: {text}")
         return None
 
@@ -505,15 +508,15 @@ class Checkpointer(AsyncSaves):
         ctx = self.ctx
         self.last_bytes = result.bytes
         if record is None:
-            ctx.emit("checkpoint_saved", step=step, path=str(result.path), seconds=ctx.clock() - t0,
+            ctx.emit(EventKind.CHECKPOINT_SAVED, step=step, path=str(result.path), seconds=ctx.clock() - t0,
                      bytes=result.bytes, reason=reason)
         elif ctx.tracker is not None:
             ctx.tracker.event(record)
         for original, dest, why in result.quarantined:
-            ctx.emit("quarantine", path=str(original), to=str(dest), reason=why, detail=f"quarantined: {why}")
+            ctx.emit(EventKind.QUARANTINE, path=str(original), to=str(dest), reason=why, detail=f"quarantined: {why}")
             ctx.log(f"WARNING: quarantined {original} -> {dest}: {why}")
         if result.prune_error:
-            ctx.emit("prune_skipped", detail=result.prune_error, step=step)
+            ctx.emit(EventKind.PRUNE_SKIPPED, detail=result.prune_error, step=step)
             ctx.log(f"WARNING: old checkpoints not pruned: {result.prune_error}")
 
     def _planned_bytes(self) -> Optional[float]:
@@ -545,7 +548,7 @@ class Checkpointer(AsyncSaves):
         steps, why = resolve_interval(job.training.checkpoint_interval, save_s=save_s, step_s=step_s,
                                       node_mtbf_hours=job.cluster.node_mtbf_hours, nodes=job.cluster.nodes,
                                       write_s=write_s)
-        self.ctx.emit("checkpoint_interval", interval=steps, reasoning=why, blocking_s=save_s,
+        self.ctx.emit(EventKind.CHECKPOINT_INTERVAL, interval=steps, reasoning=why, blocking_s=save_s,
                       write_s=save_s if write_s is None else write_s)
         self.ctx.log(f"checkpoint interval: {why}")
         return steps
@@ -559,7 +562,7 @@ class Checkpointer(AsyncSaves):
         warn = policy.lead_time_warning(lead, step_s, save_s, wait_s=wait_s)
         if warn:
             self.ctx.log(f"WARNING: {warn}")
-            self.ctx.emit("lead_time_warning", lead_s=lead, step_s=step_s, save_s=save_s, wait_s=wait_s,
+            self.ctx.emit(EventKind.LEAD_TIME_WARNING, lead_s=lead, step_s=step_s, save_s=save_s, wait_s=wait_s,
                           detail=warn)
 
     @property

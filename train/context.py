@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 from launch.dist_env import DistEnv
+from launch.kinds import EventKind
 from launch.paths import RunPaths
 from recovery.events import EventLog
 from recovery.signals import StopFlag
@@ -239,7 +240,7 @@ class RankContext:
         if self.is_last:
             print(msg, flush=True)
 
-    def emit(self, event: str, **fields: Any) -> dict:
+    def emit(self, event: EventKind, **fields: Any) -> dict:
         record = self.events.emit(event, **fields)
         if self.tracker is not None:  # interruptions and checkpoints also appear in TensorBoard, as text
             self.tracker.event(record)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from analysis.slice_end import previous_attempt, previous_timeout_line, unanswered_timeout
+from launch.kinds import EventKind
 from recovery.events import read_events
 from recovery.slurm import Runner, Slurm, default_runner
 
@@ -31,6 +32,6 @@ def note_previous_slice(ctx: Any, resume_step: Optional[int], runner: Runner = d
         return None
     print(previous_timeout_line(prev, resume_step, ctx.job.run.time_limit_min), flush=True)
     last, resumed = prev["last_step"], resume_step or 0
-    return ctx.emit("previous_slice_timeout", job_id_previous=prev["job_id"],
+    return ctx.emit(EventKind.PREVIOUS_SLICE_TIMEOUT, job_id_previous=prev["job_id"],
                     restart_previous=prev["restart_count"], slurm_state=state, last_step=last, resume_step=resumed,
                     steps_lost=None if last is None else max(0, last - resumed))

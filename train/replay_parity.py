@@ -14,6 +14,7 @@ import hashlib
 import json
 from typing import Any, Optional
 
+from launch.kinds import EventKind
 from recovery.events import read_events
 from recovery.replay import MAX_ROLLBACKS, Logged, ReplayCheck, Verdict, expectation, logged_steps
 from train.context import broadcast, layout_of
@@ -72,7 +73,7 @@ class ReplayParity:
         self.check = ReplayCheck(todo, start, self.limit, mode=mode, rtol=self.rtol, policy=self.configured)
         if todo and mode == "off":
             self.ctx.log(f"replay check off: {why}")
-            self.ctx.emit("replay_check_off", step=start, detail=why)
+            self.ctx.emit(EventKind.REPLAY_CHECK_OFF, step=start, detail=why)
 
     @property
     def pending(self) -> bool:
@@ -97,10 +98,10 @@ class ReplayParity:
         line = v.line(self.rtol)
         if v.match:
             ctx.log(line)
-            ctx.emit("replay_match", detail=line, **v.fields())
+            ctx.emit(EventKind.REPLAY_MATCH, detail=line, **v.fields())
             return ""
         ctx.log(f"WARNING: {line}")
-        ctx.emit("replay_mismatch", detail=line, **v.fields())
+        ctx.emit(EventKind.REPLAY_MISMATCH, detail=line, **v.fields())
         self.detail = line
         if v.policy == "warn":
             return ""

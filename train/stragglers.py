@@ -24,6 +24,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional
 
+from launch.kinds import EventKind
+
 BASELINE_INTERVALS = 2
 
 
@@ -98,14 +100,14 @@ class LiveChecks:
                    f"{len(self.steps)} step(s), {ratio:.2f}x the median {med:.3f} s "
                    f"(training.straggler_threshold {self.threshold:g})")
             self.log(f"WARNING: {msg}")
-            self.emit("straggler", step=iteration, rank_slow=r, host_slow=self.hosts[r], compute_s=compute[r],
+            self.emit(EventKind.STRAGGLER, step=iteration, rank_slow=r, host_slow=self.hosts[r], compute_s=compute[r],
                       median_s=med, ratio=ratio, steps=len(self.steps))
         ev = self.regression.update(float(rows[0][1]))
         if ev is not None:
             self.log(f"WARNING: throughput regression: median step {ev['step_s']:.3f} s vs the run's baseline "
                      f"{ev['baseline_s']:.3f} s for {ev['intervals']} interval(s) of {self.interval} steps "
                      f"(limit {ev['limit_s']:.3f} s = baseline / (1 - {self.regression.threshold:g}))")
-            self.emit("regression", step=iteration, **ev)
+            self.emit(EventKind.REGRESSION, step=iteration, **ev)
         self.compute = 0.0
         self.steps = []
 

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Protocol
 
 from launch.config import Job
+from launch.kinds import EventKind
 from launch.paths import RunPaths
 
 NAMES = {  # our key -> the TensorBoard tag
@@ -153,7 +154,7 @@ class WandbWriter:
             self.run = wandb.init(id=self.run_id, resume="allow", **common)
         if repeats:
             warn(f"WARNING: tracking.wandb: {repeats}")
-            emit("tracking_fallback", writer="wandb", mode=mode, step=resumed_step, detail=repeats)
+            emit(EventKind.TRACKING_FALLBACK, writer="wandb", mode=mode, step=resumed_step, detail=repeats)
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
         self._step = max(self._step, step)
@@ -234,7 +235,7 @@ def open_tracker(job: Job, paths: RunPaths, *, resumed_step: int, warn: Callable
         except ImportError as exc:
             warn(f"WARNING: tracking.tensorboard: {exc.name or 'tensorboard'} is not installed "
                  "(pip install 'slurmtron[tracking]'); no TensorBoard scalars (tracking.tensorboard=false silences this)")
-            emit("tracking_unavailable", writer="tensorboard", detail=str(exc))
+            emit(EventKind.TRACKING_UNAVAILABLE, writer="tensorboard", detail=str(exc))
     if t.wandb:
         try:
             w = WandbWriter(job, paths, mode=t.wandb_mode, project=t.wandb_project, entity=t.wandb_entity,
@@ -244,10 +245,10 @@ def open_tracker(job: Job, paths: RunPaths, *, resumed_step: int, warn: Callable
                 warn(f"W&B offline run {w.run_id}: upload with  wandb sync {paths.run_dir}/wandb/offline-run-*")
         except ImportError as exc:
             warn(f"WARNING: tracking.wandb: wandb is not installed (pip install 'slurmtron[tracking]'); no W&B run")
-            emit("tracking_unavailable", writer="wandb", detail=str(exc))
+            emit(EventKind.TRACKING_UNAVAILABLE, writer="wandb", detail=str(exc))
         except Exception as exc:  # wandb.init failing (no login for online mode, ...): train anyway, say so
             warn(f"WARNING: tracking.wandb: wandb.init failed ({type(exc).__name__}: {exc}); no W&B run")
-            emit("tracking_unavailable", writer="wandb", detail=str(exc))
+            emit(EventKind.TRACKING_UNAVAILABLE, writer="wandb", detail=str(exc))
     return Tracker(writers, warn)
 
 

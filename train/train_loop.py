@@ -31,6 +31,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from launch.config import Job, ParallelismConfig, TrainingConfig
+from launch.kinds import EventKind
 from train import nan_guard
 from train.data import SampleSource, step_batches
 
@@ -367,7 +368,7 @@ class Meter:
             if self.peak_flops:
                 mfu = tflops * 1e12 / self.peak_flops
         scale = loss_scale(self.optimizer)
-        ctx.emit("iteration", step=iteration, loss=repr(loss), grad_norm=repr(grad_norm), lr=repr(lr),
+        ctx.emit(EventKind.ITERATION, step=iteration, loss=repr(loss), grad_norm=repr(grad_norm), lr=repr(lr),
                  consumed_samples=state.consumed_samples, seconds=elapsed)
         ctx.log(format_iteration(
             now=ctx.now(), iteration=iteration, train_iters=self.iters, consumed=state.consumed_samples,
@@ -448,7 +449,7 @@ def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, st
         signum, requested = agree_stop(ctx.flag.signum, ctx.device, judge is not None and judge.requested(state.step))
         if signum or requested:
             if signum:
-                ctx.emit("signal", signal=_signame(signum), step=state.step)
+                ctx.emit(EventKind.SIGNAL, signal=_signame(signum), step=state.step)
             if judge is not None:
                 judge.begin(signum, requested)
             ckpt.save(state, "signal")
@@ -458,7 +459,7 @@ def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, st
             ctx.log(f"skipping {skip // gbs} batch(es) (samples {state.consumed_samples}.."
                     f"{state.consumed_samples + skip - 1}) after a non-finite step "
                     f"(training.nan_skip_batches={t.nan_skip_batches})")
-            ctx.emit("batches_skipped", step=state.step, first_sample=state.consumed_samples, samples=skip,
+            ctx.emit(EventKind.BATCHES_SKIPPED, step=state.step, first_sample=state.consumed_samples, samples=skip,
                      batches=skip // gbs)
             state.consumed_samples += skip
         inject_failure(ctx.hooks.fail_at_iter, state.step + 1)
@@ -474,7 +475,7 @@ def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, st
             scale = loss_scale(parts.optimizer)
             ctx.log(f"WARNING: fp16 loss scale overflow at iteration {state.step + 1}: the update was skipped "
                     f"(loss scale now {scale:.1f}; training.hysteresis={t.hysteresis} overflows in a row halve it)")
-            ctx.emit("loss_scale_overflow", step=state.step + 1, loss_scale=scale)
+            ctx.emit(EventKind.LOSS_SCALE_OVERFLOW, step=state.step + 1, loss_scale=scale)
         if guard.nonfinite:
             meter.counters.nan += 1
             where = nan_hooks.first if nan_hooks is not None else None
@@ -482,7 +483,7 @@ def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, st
                       f"{state.step + 1} (lm loss {loss!r}, grad norm {grad_norm!r}); the update was not applied"
                       + (f"; first non-finite value: {where}" if where else ""))
             ctx.log(f"WARNING: {detail}")
-            ctx.emit("nan", step=state.step + 1, loss=repr(loss), grad_norm=repr(grad_norm),
+            ctx.emit(EventKind.NAN, step=state.step + 1, loss=repr(loss), grad_norm=repr(grad_norm),
                      first_sample=state.consumed_samples, policy=t.on_nan, where=where)
             if t.on_nan != "rollback":
                 return result("nan", detail=detail + " (training.on_nan=stop)")
@@ -525,7 +526,7 @@ def validate(ctx: Any, parts: TrainingParts, valid: SampleSource, nmb: int, step
     """Evaluate, then log the Megatron block, a ``validation`` event and the TensorBoard scalars."""
     loss = evaluate(ctx.job, parts.chunks, valid, nmb, ctx.device)
     ctx.log(format_validation(step, loss))
-    ctx.emit("validation", step=step, loss=repr(loss), iters=ctx.job.training.eval_iters)
+    ctx.emit(EventKind.VALIDATION, step=step, loss=repr(loss), iters=ctx.job.training.eval_iters)
     if getattr(ctx, "tracker", None) is not None:
         ctx.tracker.scalars(step, {"val_loss": loss, "val_ppl": math.exp(min(20.0, loss))})
     return loss

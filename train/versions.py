@@ -30,6 +30,8 @@ from typing import Callable, Mapping, Optional
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from launch.kinds import EventKind
+
 # distribution name -> tested range; pyproject.toml's [train] extra says the same (a test checks)
 SUPPORTED = {
     "torch": ">=2.11,<2.14",
@@ -154,6 +156,6 @@ def refuse_unsupported(run_dir: Path, env: Mapping[str, str], precision: str = "
         restart = 0
     events = EventLog(RunPaths.of(run_dir).events, rank=rank, job_id=env.get("SLURM_JOB_ID"),
                       restart_count=restart, enabled=rank == 0)
-    events.emit("stop", reason="unsupported_software", code=EXIT_UNSUPPORTED, detail=line)
-    events.emit("exit", reason="unsupported_software", code=EXIT_UNSUPPORTED, step=None)
+    events.emit(EventKind.STOP, reason="unsupported_software", code=EXIT_UNSUPPORTED, detail=line)
+    events.emit(EventKind.EXIT, reason="unsupported_software", code=EXIT_UNSUPPORTED, step=None)
     return EXIT_UNSUPPORTED

@@ -56,6 +56,7 @@ import time
 from typing import Any, Mapping, Optional
 
 from launch.dist_env import PG_TIMEOUT_S
+from launch.kinds import EventKind
 from train.context import Hooks, HookedSource, RankContext, broadcast
 
 EXIT_CRASH = 1
@@ -163,8 +164,8 @@ def _record_refusal(events_path: Any, env: Mapping[str, str], reason: str, code:
         if dist_env.from_env(env).rank != 0:
             return
         log = EventLog(events_path, job_id=env.get("SLURM_JOB_ID"), restart_count=restart_count_from_env(env))
-        log.emit("stop", reason=reason, code=code, detail=detail)
-        log.emit("exit", reason=reason, code=code, step=None)
+        log.emit(EventKind.STOP, reason=reason, code=code, detail=detail)
+        log.emit(EventKind.EXIT, reason=reason, code=code, step=None)
     except (OSError, ValueError, KeyError) as e:  # the refusal stands; only its record is missing
         print(f"WARNING: the refusal could not be recorded in {events_path}: {e}", flush=True)
 
@@ -181,7 +182,7 @@ def _start_watchdog(ctx: RankContext) -> Any:
                              world=ctx.world, job_id=ctx.job_id, restart=ctx.restart, host=_host(ctx))
     except OSError as e:
         print(f"WARNING: hang watchdog not started ({e}); this rank runs unwatched", flush=True)
-        ctx.emit("watchdog_unavailable", detail=str(e))
+        ctx.emit(EventKind.WATCHDOG_UNAVAILABLE, detail=str(e))
         return Heartbeat.disabled()
     hb.beat("startup")
     return hb
@@ -206,10 +207,10 @@ def _run_reporting(ctx: RankContext) -> int:
             stop = e.stop
             fields = {k: v for k, v in stop.items() if k not in ("reason", "code", "detail", "cause")}
             if isinstance(e, SaveFailed) and not e.reported:  # a stop or final save: no policy applies
-                ctx.emit("save_failed", step=stop.get("step"), cause=stop.get("cause", stop["reason"]),
+                ctx.emit(EventKind.SAVE_FAILED, step=stop.get("step"), cause=stop.get("cause", stop["reason"]),
                          save="stop_or_final", go_on=False, detail=stop["detail"][:2000])
-            ctx.emit("stop", reason=stop["reason"], code=stop["code"], detail=stop["detail"], **fields)
-            ctx.emit("exit", reason=stop["reason"], code=stop["code"], step=stop.get("step"))
+            ctx.emit(EventKind.STOP, reason=stop["reason"], code=stop["code"], detail=stop["detail"], **fields)
+            ctx.emit(EventKind.EXIT, reason=stop["reason"], code=stop["code"], step=stop.get("step"))
             ctx.log(f"stopping: {stop['reason']}: {stop['detail']}")
             return int(stop["code"])
         if type(e).__name__ == "CheckpointMismatch":  # this job cannot load the run's checkpoint: final, one line
@@ -219,9 +220,9 @@ def _run_reporting(ctx: RankContext) -> int:
             return _leave_to_the_watchdog(ctx, e)
         if (code := _broken_by_the_stop_signal(ctx, e)) is not None:
             return code
-        ctx.emit("stop", reason="crash", code=EXIT_CRASH, detail=f"{type(e).__name__}: {e}"[:2000])
+        ctx.emit(EventKind.STOP, reason="crash", code=EXIT_CRASH, detail=f"{type(e).__name__}: {e}"[:2000])
         code = _requeue_away_from_faulty_node(ctx, traceback.format_exc())
-        ctx.emit("exit", reason="error" if code == EXIT_CRASH else "requeue", code=code, step=None)
+        ctx.emit(EventKind.EXIT, reason="error" if code == EXIT_CRASH else "requeue", code=code, step=None)
         return code
 
 
@@ -247,18 +248,18 @@ def _broken_by_the_stop_signal(ctx: RankContext, e: BaseException, make_judge: A
     evidence = (f"{type(e).__name__} after {ctx.flag.name} was received: the stop signal's cause, not a crash; "
                 f"{dec.evidence}")[:2000]
     code = policy.EXIT_REQUEUE if dec.requeue else policy.EXIT_COMPLETED
-    ctx.emit("stop", reason=dec.reason, requeue=dec.requeue, evidence=evidence, step=None, code=code,
+    ctx.emit(EventKind.STOP, reason=dec.reason, requeue=dec.requeue, evidence=evidence, step=None, code=code,
              detail=f"{type(e).__name__}: {e}"[:500], saved=False)
     ctx.log(f"this attempt ended on {ctx.flag.name} ({dec.reason}) before its stop checkpoint was durable: "
             f"{type(e).__name__}; the newest committed checkpoint is where the run continues")
     if dec.requeue:
         code = policy.after_stop_save(signum, ctx.env, requeue_allowed=ctx.job.cluster.requeue_allowed,
                                       events=ctx.events, requeued_by_slurm=dec.requeued_by_slurm)
-        ctx.emit("exit", reason="requeue", code=code, step=None)
+        ctx.emit(EventKind.EXIT, reason="requeue", code=code, step=None)
         return code
     if dec.reason in (stopping.USER_STOP, stopping.USER_CANCEL):
         stopping.mark_stopped(ctx.paths.stop_request, dec.reason, None, ctx.job_id)
-    ctx.emit("exit", reason="stopped", code=code, step=None)
+    ctx.emit(EventKind.EXIT, reason="stopped", code=code, step=None)
     return code
 
 
@@ -316,8 +317,8 @@ def _train(ctx: RankContext) -> int:
         return _refuse_locked(ctx, start)
     from train.replay_parity import numerics_of, recipe_of
 
-    ctx.emit("job_start", world_size=ctx.world, layout=ctx.layout, layout_label=f"{job.layout_label}-dp{job.dp}",
-             train_iters=iters, nodes=ctx.dist.nodes,
+    ctx.emit(EventKind.JOB_START, world_size=ctx.world, layout=ctx.layout,
+             layout_label=f"{job.layout_label}-dp{job.dp}", train_iters=iters, nodes=ctx.dist.nodes,
              source=ctx.dist.source, numerics=numerics_of(job, ctx.world, bool(ctx.cuda)), recipe=recipe_of(job))
     if not start.ok:
         return _refuse_start(ctx, start)
@@ -353,7 +354,7 @@ def _startup_watch(ctx: RankContext) -> Any:
 
     def requeue_now(signum: int) -> None:
         dec = _judge(ctx).decide(signum, False)
-        ctx.emit("stop", reason=dec.reason, requeue=True, step=None, code=policy.EXIT_REQUEUE, saved=False,
+        ctx.emit(EventKind.STOP, reason=dec.reason, requeue=True, step=None, code=policy.EXIT_REQUEUE, saved=False,
                  evidence=(f"{ctx.flag.name} came during start-up, before the first step: nothing new to save; "
                            f"requeued at once without saving; {dec.evidence}")[:2000])
         ctx.log(f"{ctx.flag.name} ({dec.reason}) during start-up: requeueing now without saving; the next slice "
@@ -384,7 +385,7 @@ def _train_started(ctx: RankContext, start, iters: int, watch: Any = None) -> in
         from recovery.start_check import complete_line
 
         ctx.log(complete_line(start.resume.step, iters, job.run.name).replace("no rank started", "nothing built"))
-        ctx.emit("exit", reason="completed", code=EXIT_COMPLETED, step=start.resume.step)
+        ctx.emit(EventKind.EXIT, reason="completed", code=EXIT_COMPLETED, step=start.resume.step)
         return EXIT_COMPLETED
 
     ctx.phase(f"building the model ({job.model.num_layers} layers, hidden {job.model.hidden_size}) and optimizer")
@@ -407,7 +408,7 @@ def _train_started(ctx: RankContext, start, iters: int, watch: Any = None) -> in
     ctx.log(describe_line(data_info))
     if ctx.is_first and state.step > 0:
         _warn_data_changed(ctx, data_info, state.step)
-    ctx.emit("data", step=state.step, **data_info)
+    ctx.emit(EventKind.DATA, step=state.step, **data_info)
     valid = None
     if t.eval_interval > 0:
         valid = build_validation_source(job.data, job.model, num_samples, t.eval_iters * t.global_batch_size,
@@ -435,7 +436,7 @@ def _train_started(ctx: RankContext, start, iters: int, watch: Any = None) -> in
         replay.finish()
         ckpt.hold_saves = False
         end = describe(job.data, source, num_samples, result.state.consumed_samples, root)
-        ctx.emit("data_position", step=result.state.step, consumed_samples=result.state.consumed_samples,
+        ctx.emit(EventKind.DATA_POSITION, step=result.state.step, consumed_samples=result.state.consumed_samples,
                  consumed_per_source=[s["consumed"] for s in end.get("sources", [])])
         _live_summary(ctx, result, live)
         return _finish(ctx, ckpt, parts, result, judge)
@@ -461,8 +462,8 @@ def _finish(ctx: RankContext, ckpt, parts, result, judge=None) -> int:
     if result.reason == "nan":
         from recovery.policy import EXIT_NAN
 
-        ctx.emit("stop", reason="nan", code=EXIT_NAN, detail=result.detail)
-        ctx.emit("exit", reason="nan", code=EXIT_NAN, step=result.state.step)
+        ctx.emit(EventKind.STOP, reason="nan", code=EXIT_NAN, detail=result.detail)
+        ctx.emit(EventKind.EXIT, reason="nan", code=EXIT_NAN, step=result.state.step)
         ctx.log(f"stopping: {result.detail}; nothing non-finite was applied or saved; not requeued")
         return EXIT_NAN
 
@@ -470,8 +471,8 @@ def _finish(ctx: RankContext, ckpt, parts, result, judge=None) -> int:
         from recovery.policy import EXIT_REPLAY_MISMATCH
 
         code = EXIT_REPLAY_MISMATCH
-        ctx.emit("stop", reason="replay_mismatch", code=code, detail=result.detail[:2000])
-        ctx.emit("exit", reason="replay_mismatch", code=code, step=result.state.step)
+        ctx.emit(EventKind.STOP, reason="replay_mismatch", code=code, detail=result.detail[:2000])
+        ctx.emit(EventKind.EXIT, reason="replay_mismatch", code=code, step=result.state.step)
         ctx.log(f"stopping: replay_mismatch (exit {code}, final: not requeued or relaunched); nothing was deleted: "
                 f"inspect the checkpoint this attempt loaded, or set training.replay.on_mismatch=rollback|warn")
         return code
@@ -479,8 +480,8 @@ def _finish(ctx: RankContext, ckpt, parts, result, judge=None) -> int:
     if result.reason == "signal":
         return _after_stop(ctx, result, judge)
     ckpt.save_final(result.state)
-    ctx.emit("train_end", step=result.state.step, consumed_samples=result.state.consumed_samples)
-    ctx.emit("exit", reason="completed", code=EXIT_COMPLETED, step=result.state.step)
+    ctx.emit(EventKind.TRAIN_END, step=result.state.step, consumed_samples=result.state.consumed_samples)
+    ctx.emit(EventKind.EXIT, reason="completed", code=EXIT_COMPLETED, step=result.state.step)
     return EXIT_COMPLETED
 
 
@@ -512,7 +513,7 @@ def _live_summary(ctx: RankContext, result: Any, live: Any) -> None:
             f"heartbeats, straggler all-gathers), {overhead * 100:.2f}% of the median step "
             f"{result.median_step_s * 1000:.1f} ms" + ("; repeated stragglers: " + ", ".join(
                 f"rank {x['rank']} on {x['host']} ({x['intervals']} intervals)" for x in repeated) if repeated else ""))
-    ctx.emit("live_checks", seconds=live_s, steps=result.steps_run, median_step_s=result.median_step_s,
+    ctx.emit(EventKind.LIVE_CHECKS, seconds=live_s, steps=result.steps_run, median_step_s=result.median_step_s,
              overhead=overhead, repeated_stragglers=repeated)
 
 
@@ -521,12 +522,12 @@ def _warn_data_changed(ctx: RankContext, now: dict, step: int) -> None:
     from recovery.events import read_events
     from train.data import data_changes
 
-    before = [e for e in read_events(ctx.paths.events) if e.get("event") == "data"]
+    before = [e for e in read_events(ctx.paths.events) if e.get("event") == EventKind.DATA]
     changes = data_changes(before[-1] if before else None, now)
     if changes:
         print(f"WARNING: the data changed since the previous attempt ({'; '.join(changes)}): from step {step} on the "
               "run reads other samples than an uninterrupted run would", flush=True)
-        ctx.emit("data_changed", step=step, changes=changes)
+        ctx.emit(EventKind.DATA_CHANGED, step=step, changes=changes)
 
 
 def _refuse_data(ctx: RankContext, refused: dict) -> int:
@@ -535,8 +536,8 @@ def _refuse_data(ctx: RankContext, refused: dict) -> int:
 
     code = FINAL_REASONS[refused["reason"]]
     print(f"refused to start: {refused['detail']}", flush=True)
-    ctx.emit("stop", reason=refused["reason"], code=code, detail=refused["detail"])
-    ctx.emit("exit", reason=refused["reason"], code=code, step=None)
+    ctx.emit(EventKind.STOP, reason=refused["reason"], code=code, detail=refused["detail"])
+    ctx.emit(EventKind.EXIT, reason=refused["reason"], code=code, step=None)
     return code
 
 
@@ -547,8 +548,8 @@ def _refuse_mismatch(ctx: RankContext, detail: str) -> int:
 
     code = FINAL_REASONS["checkpoint_mismatch"]
     ctx.log(f"refused to start: {detail} (exit {code}; final: not relaunched or requeued)")
-    ctx.emit("stop", reason="checkpoint_mismatch", code=code, detail=detail[:2000])
-    ctx.emit("exit", reason="checkpoint_mismatch", code=code, step=None)
+    ctx.emit(EventKind.STOP, reason="checkpoint_mismatch", code=code, detail=detail[:2000])
+    ctx.emit(EventKind.EXIT, reason="checkpoint_mismatch", code=code, step=None)
     return code
 
 
@@ -568,8 +569,8 @@ def _refuse_start(ctx: RankContext, start) -> int:
 
     announce(ctx, start)
     dec = start.decision
-    ctx.emit("stop", reason=dec["reason"], code=dec["code"], detail=dec["detail"])
-    ctx.emit("exit", reason=dec["reason"], code=dec["code"], step=start.resume.step)
+    ctx.emit(EventKind.STOP, reason=dec["reason"], code=dec["code"], detail=dec["detail"])
+    ctx.emit(EventKind.EXIT, reason=dec["reason"], code=dec["code"], step=start.resume.step)
     ctx.log(f"not starting: {dec['reason']}: {dec['detail']}")
     return int(dec["code"])
 
@@ -592,7 +593,7 @@ def _after_stop(ctx: RankContext, result, judge) -> int:
 
     step = result.state.step
     dec = broadcast(judge.decide(result.signum, result.requested).as_dict() if judge is not None else None)
-    ctx.emit("stop", reason=dec["reason"], requeue=dec["requeue"], evidence=dec["evidence"], step=step,
+    ctx.emit(EventKind.STOP, reason=dec["reason"], requeue=dec["requeue"], evidence=dec["evidence"], step=step,
              code=policy.EXIT_REQUEUE if dec["requeue"] else policy.EXIT_COMPLETED)
     if dec["requeue"]:
         code = policy.EXIT_REQUEUE
@@ -602,7 +603,7 @@ def _after_stop(ctx: RankContext, result, judge) -> int:
                                           requeued_by_slurm=bool(dec.get("requeued_by_slurm")))
             _exclude_recorded_nodes(ctx)
         code = int(broadcast(code))
-        ctx.emit("exit", reason="requeue", code=code, step=step)
+        ctx.emit(EventKind.EXIT, reason="requeue", code=code, step=step)
         return code
     if dec["reason"] == stopping.UNDECIDED:
         ctx.log(f"WARNING: not requeueing: {dec['evidence']}; resubmit the same run.name to continue")
@@ -611,7 +612,7 @@ def _after_stop(ctx: RankContext, result, judge) -> int:
                 f"continue")
     if ctx.is_first and dec["reason"] in (stopping.USER_STOP, stopping.USER_CANCEL):
         stopping.mark_stopped(ctx.paths.stop_request, dec["reason"], step, ctx.job_id)
-    ctx.emit("exit", reason="stopped", code=policy.EXIT_COMPLETED, step=step)
+    ctx.emit(EventKind.EXIT, reason="stopped", code=policy.EXIT_COMPLETED, step=step)
     return policy.EXIT_COMPLETED
 
 
@@ -623,7 +624,7 @@ def _exclude_recorded_nodes(ctx: RankContext) -> None:
     hosts = exclusion.recorded_hosts(ctx.paths.run_dir)
     if hosts and ctx.job_id and ctx.job.cluster.requeue_allowed:
         r = exclusion.set_excluded(ctx.job_id, hosts, exclusion.default_runner)
-        ctx.emit("exclude", hosts=hosts, ok=r.ok, detail=r.detail)
+        ctx.emit(EventKind.EXCLUDE, hosts=hosts, ok=r.ok, detail=r.detail)
 
 
 def _requeue_away_from_faulty_node(ctx: RankContext, text: str) -> int:
@@ -639,7 +640,7 @@ def _requeue_away_from_faulty_node(ctx: RankContext, text: str) -> int:
     host = ctx.env.get("SLURMD_NODENAME") or socket.gethostname()
     policy.record_failed_node(ctx.paths.run_dir, host, why, job_id=job_id)
     r = exclusion.requeue_excluding(job_id, exclusion.recorded_hosts(ctx.paths.run_dir))
-    ctx.emit("exclude", hosts=[host], ok=r.ok, detail=r.detail, reason=why)
+    ctx.emit(EventKind.EXCLUDE, hosts=[host], ok=r.ok, detail=r.detail, reason=why)
     return policy.EXIT_REQUEUE if r.ok else EXIT_CRASH
 
 
