@@ -3,12 +3,12 @@
 Both sides read it (the ranks emit event kinds and decide some causes; the report, the plots, the stop rules
 and ``status`` read them), so it lives in the contract: torch-free, stdlib only.
 
-* :class:`Cause`: why an attempt ended without finishing the run. Each cause carries its ``priority`` (when
-  the evidence of one attempt names several causes, the lowest number wins: a dead node makes NCCL time out
-  on every other node, so the node failure, not the timeout, is the cause), its ``colour`` in the plots,
+* :class:`Cause`: why an attempt ended without finishing the run. The members are in priority order (when the
+  evidence of one attempt names several causes, the first wins: a dead node makes NCCL time out on every other
+  node, so the node failure, not the timeout, is the cause); each carries its ``colour`` in the plots,
   ``decided`` (the ranks decide it themselves from Slurm's answer at the stop, recovery/stop.py: a ``stop``
   event naming it outranks any guess from logs or sacct), ``final`` (the attempt it ends is not requeued:
-  the run waits for its user) and its meaning. Members are in the report's order.
+  the run waits for its user) and its meaning.
 * :class:`EventKind`: the ``event`` of each record of ``events.jsonl`` (recovery/events.py), with the fields
   the kind adds and what it means.
 
@@ -25,47 +25,48 @@ from enum import StrEnum
 
 
 class Cause(StrEnum):
-    """A cause of an interruption: a ``str`` (``Cause.OOM == "oom"``), with its attributes."""
+    """A cause of an interruption: a ``str`` (``Cause.OOM == "oom"``), with its attributes. Members are in
+    priority order, most specific first: adding a cause is one member, at its place."""
 
-    priority: int
     colour: str
     decided: bool
     final: bool
     meaning: str
 
-    def __new__(cls, value: str, priority: int, colour: str, decided: bool, final: bool, meaning: str):
+    def __new__(cls, value: str, colour: str, decided: bool, final: bool, meaning: str):
         obj = str.__new__(cls, value)
         obj._value_ = value
-        obj.priority, obj.colour, obj.decided, obj.final, obj.meaning = priority, colour, decided, final, meaning
+        obj.colour, obj.decided, obj.final, obj.meaning = colour, decided, final, meaning
         return obj
 
-    TIME_LIMIT = ("time_limit", 8, "tab:blue", True, False,
-                  "the job's time limit (the USR2 warning, slurmstepd's DUE TO TIME LIMIT, sacct TIMEOUT/DEADLINE)")
-    PREEMPTION = ("preemption", 7, "tab:purple", True, False,
+    NODE_FAILURE = ("node_failure", "tab:red", True, False, "a node failed (NODE_FAIL, BOOT_FAIL, srun's node failure)")
+    XID = ("xid", "darkred", False, False,
+           "a node hardware fault: an NVRM Xid line, or an error launch/hardware_faults.py names (ECC, a GPU off the "
+           "bus, a CUDA device fault, NVLink, InfiniBand) in job output or in a rank's exclude event")
+    OOM = ("oom", "tab:brown", False, False, "out of memory (CUDA OOM, the kernel OOM killer, sacct OUT_OF_MEMORY)")
+    NAN = ("nan", "tab:pink", False, True, "a non-finite loss or grad norm (training.on_nan=stop ends the run: exit 11)")
+    NCCL_TIMEOUT = ("nccl_timeout", "tab:orange", False, False, "a collective timed out (NCCL watchdog)")
+    HANG = ("hang", "tab:olive", False, False, "the hang watchdog ended a stuck attempt (a hang event)")
+    CRASH = ("crash", "tab:red", False, False, "an exception in a rank (stop crash, exit error)")
+    PREEMPTION = ("preemption", "tab:purple", True, False,
                   "a preemption (PreemptTime, sacct PREEMPTED, SIGTERM then requeued)")
-    NODE_FAILURE = ("node_failure", 0, "tab:red", True, False,
-                    "a node failed (NODE_FAIL, BOOT_FAIL, srun's node failure)")
-    NCCL_TIMEOUT = ("nccl_timeout", 4, "tab:orange", False, False, "a collective timed out (NCCL watchdog)")
-    OOM = ("oom", 2, "tab:brown", False, False, "out of memory (CUDA OOM, the kernel OOM killer, sacct OUT_OF_MEMORY)")
-    NAN = ("nan", 3, "tab:pink", False, True,
-           "a non-finite loss or grad norm (training.on_nan=stop ends the run: exit 11)")
-    XID = ("xid", 1, "darkred", False, False, "a GPU hardware fault (an NVRM Xid line)")
-    HANG = ("hang", 5, "tab:olive", False, False, "the hang watchdog ended a stuck attempt (a hang event)")
-    CRASH = ("crash", 6, "tab:red", False, False, "an exception in a rank (stop crash, exit error)")
-    USER_CANCEL = ("user_cancel", 11, "tab:gray", True, True, "scancel (sacct CANCELLED): no requeue")
-    USER_STOP = ("user_stop", 10, "tab:green", True, True,
-                 "launch/stop.py or scancel --signal=USR1: checkpoint and end, no requeue")
-    USER_REQUEUE = ("user_requeue", 9, "tab:cyan", True, False,
+    TIME_LIMIT = ("time_limit", "tab:blue", True, False,
+                  "the job's time limit (the USR2 warning, slurmstepd's DUE TO TIME LIMIT, sacct TIMEOUT/DEADLINE)")
+    USER_REQUEUE = ("user_requeue", "tab:cyan", True, False,
                     "scancel --signal=USR2 or an admin's scontrol requeue: checkpoint and requeue")
-    NODE_EXCLUSION = ("node_exclusion", 12, "gold", False, False,
+    USER_STOP = ("user_stop", "tab:green", True, True,
+                 "launch/stop.py or scancel --signal=USR1: checkpoint and end, no requeue")
+    USER_CANCEL = ("user_cancel", "tab:gray", True, True, "scancel (sacct CANCELLED): no requeue")
+    NODE_EXCLUSION = ("node_exclusion", "gold", False, False,
                       "the attempt landed on a recorded failed node and requeued itself away before training "
                       "(an exclude event)")
-    UNKNOWN = ("unknown", 13, "black", False, False, "ended, and no evidence says why")
+    UNKNOWN = ("unknown", "black", False, False, "ended, and no evidence says why")
 
-    @classmethod
-    def by_priority(cls) -> list["Cause"]:
-        """Most specific first."""
-        return sorted(cls, key=lambda c: c.priority)
+    @property
+    def priority(self) -> int:
+        """0 is the most specific: it wins over any other evidence of the same attempt (the ranks' own decision
+        aside)."""
+        return list(type(self)).index(self)
 
     @classmethod
     def decided_ones(cls) -> tuple["Cause", ...]:
