@@ -18,6 +18,7 @@ import math
 from typing import Any, Iterable, Mapping, Optional
 
 from analysis.mfu import _steady, layout_label
+from launch.kinds import EventKind
 
 WARMUP_STEPS = 2  # analysis.mfu.attempt_summary's default: the per-attempt table uses the same steps
 
@@ -31,7 +32,7 @@ def layout_of(event: Mapping[str, Any]) -> Optional[str]:
 
 
 def _starts(events: Iterable[Mapping[str, Any]]) -> list:
-    return [e for e in events if e.get("event") == "job_start" and _rank0(e.get("rank"))]
+    return [e for e in events if e.get("event") == EventKind.JOB_START and _rank0(e.get("rank"))]
 
 
 def _rank0(rank: Any) -> bool:

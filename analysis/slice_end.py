@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping, Optional
 
+from launch.kinds import EventKind
+
 TIMEOUT_STATES = ("TIMEOUT", "DEADLINE")
 ANSWERED = ("requeue", "stopped", "completed")  # exit reasons of an attempt that handled its own end
 
@@ -45,7 +47,7 @@ def unanswered_timeout(slurm_state: str, events: Iterable[Mapping[str, Any]]) ->
     exit that handled the end (a requeue, a drain, the last step)."""
     if str(slurm_state or "").split(" ")[0].rstrip("+").upper() not in TIMEOUT_STATES:
         return False
-    last_exit = next((e for e in reversed(list(events)) if e.get("event") == "exit"), None)
+    last_exit = next((e for e in reversed(list(events)) if e.get("event") == EventKind.EXIT), None)
     return last_exit is None or last_exit.get("reason") not in ANSWERED
 
 
@@ -73,7 +75,7 @@ def report_line(sacct: Any, events: Any, config: Optional[Mapping[str, Any]], ru
     attempt = int(last["attempt"]) if several and "attempt" in last and last["attempt"] == last["attempt"] else None
     if not unanswered_timeout(str(last["state"]), attempt_events(records, job, attempt)):
         return None
-    if any(e.get("event") == "job_start" and _later(e.get("job_id"), job) for e in records):
+    if any(e.get("event") == EventKind.JOB_START and _later(e.get("job_id"), job) for e in records):
         return None
     cfg_run = (config or {}).get("run") or {}
     return timeout_line(cfg_run.get("time_limit_min", "?"), cfg_run.get("name") or run_name, None)
@@ -96,7 +98,7 @@ def previous_attempt(events: Iterable[Mapping[str, Any]], job_id: Optional[str],
     None otherwise: no earlier attempt, the same job requeued (Slurm never requeues a TIMEOUT), a local run, an
     answered end. Whether Slurm ended it TIMEOUT is the caller's question to sacct (:func:`unanswered_timeout`)."""
     records = list(events)
-    starts = [e for e in records if e.get("event") == "job_start" and (e.get("rank") or 0) == 0
+    starts = [e for e in records if e.get("event") == EventKind.JOB_START and (e.get("rank") or 0) == 0
               and not (str(e.get("job_id")) == str(job_id) and (_restart(e) or 0) == restart)]
     if not starts or job_id is None:
         return None
@@ -107,7 +109,7 @@ def previous_attempt(events: Iterable[Mapping[str, Any]], job_id: Optional[str],
     mine = attempt_events(records, str(prev_job), prev_restart)
     if not unanswered_timeout("TIMEOUT", mine):
         return None
-    steps = [e.get("step") for e in mine if e.get("event") == "iteration"]
+    steps = [e.get("step") for e in mine if e.get("event") == EventKind.ITERATION]
     steps = [int(s) for s in steps if isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s)]
     return {"job_id": str(prev_job), "restart_count": prev_restart, "last_step": max(steps, default=None),
             "events": mine}

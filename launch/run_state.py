@@ -19,6 +19,7 @@ from typing import Any, Callable, Optional
 
 from launch.compose import load_job
 from launch.config import Job
+from launch.kinds import EventKind
 from launch.paths import RunPaths
 from recovery.slurm import Runner, Slurm, default_runner
 TERMINAL = ("completed", "failed", "cancelled", "timeout", "stopped")
@@ -144,7 +145,7 @@ def _local_state(paths: RunPaths, events: list[dict], *, alive: Optional[Callabl
 
 
 def _ended_state(events: list[dict]) -> tuple[str, str]:
-    if not any(e.get("event") == "job_start" for e in events):
+    if not any(e.get("event") == EventKind.JOB_START for e in events):
         return "not_started", ""
     for e in reversed(events):
         kind = e.get("event")
@@ -153,7 +154,7 @@ def _ended_state(events: list[dict]) -> tuple[str, str]:
             if reason == "completed":
                 return "completed", ""
             if reason in ("requeue", "signal", "stopped"):  # stopped: a drain/stop request (launch/stop.py)
-                who = next((f" by {x.get('reason')}" for x in reversed(events) if x.get("event") == "stop"
+                who = next((f" by {x.get('reason')}" for x in reversed(events) if x.get("event") == EventKind.STOP
                             and x.get("job_id") == e.get("job_id") and x.get("restart_count") == e.get("restart_count")),
                            "") if reason == "stopped" else ""
                 return "stopped", (f"stopped{who} at step {e.get('step')} (checkpointed); the same command "
@@ -273,7 +274,7 @@ def _count_attempts(state: RunState, events: list[dict], sacct: Any) -> None:
     """Attempts from Slurm and the event log together: every (job, restart) that either one knows (an attempt
     killed before its first event, or one sacct no longer lists, still counts)."""
     keys = {(str(e.get("job_id")), int(e.get("restart_count") or 0)) for e in events
-            if e.get("event") == "job_start" and (e.get("rank") or 0) == 0 and e.get("job_id") is not None}
+            if e.get("event") == EventKind.JOB_START and (e.get("rank") or 0) == 0 and e.get("job_id") is not None}
     if sacct is not None and not getattr(sacct, "empty", True) and {"is_alloc", "job", "attempt"} <= set(sacct):
         alloc = sacct[sacct["is_alloc"].astype(bool)]
         if "state" in alloc:  # a pending allocation (or one cancelled before it started) is no attempt
@@ -295,8 +296,8 @@ def _explain_end(state: RunState, events: list[dict], job: Job) -> None:
     from analysis.slice_end import attempt_events, continue_hint, timeout_line, unanswered_timeout
 
     mine = [e for e in events if str(e.get("job_id")) == state.job_id] or events  # (a job that wrote nothing)
-    last_exit = next((e for e in reversed(mine) if e.get("event") == "exit"), None)
-    last_stop = next((e for e in reversed(mine) if e.get("event") == "stop"), None)
+    last_exit = next((e for e in reversed(mine) if e.get("event") == EventKind.EXIT), None)
+    last_stop = next((e for e in reversed(mine) if e.get("event") == EventKind.STOP), None)
     if last_exit is not None and last_exit.get("reason") == "completed":
         return
     if last_exit is not None and last_exit.get("reason") == "stopped":
@@ -320,7 +321,7 @@ def _slices_left(state: RunState, job: Job, events: list[dict], now: float) -> N
         return
     need = state.eta_s
     if state.state == "running" and state.job_id:
-        starts = [e.get("time") for e in events if e.get("event") == "job_start" and
+        starts = [e.get("time") for e in events if e.get("event") == EventKind.JOB_START and
                   str(e.get("job_id")) == state.job_id and isinstance(e.get("time"), (int, float))]
         if starts:
             need -= max(0.0, usable - (now - float(starts[-1])))
@@ -358,7 +359,7 @@ def _event_gpu_hours(state: RunState, events: list[dict], now: float) -> None:
             continue
         if not math.isfinite(t):
             continue
-        if e.get("event") == "job_start":
+        if e.get("event") == EventKind.JOB_START:
             if start is not None:
                 spans.append((world, last - start))
             start, world = float(t), _whole(e.get("world_size")) or state.world_size
@@ -390,7 +391,7 @@ def _from_events(state: RunState, events: list[dict]) -> None:
 
     state.attempts = figures.attempt_count(events)
     state.layout = figures.run_layout(events, state.layout)
-    raw = [e for e in events if e.get("event") == "iteration" and e.get("step") is not None]
+    raw = [e for e in events if e.get("event") == EventKind.ITERATION and e.get("step") is not None]
     its = [e for e in raw if _whole(e.get("step")) is not None]
     if len(its) < len(raw):
         bad = next(e.get("step") for e in raw if _whole(e.get("step")) is None)
@@ -460,8 +461,8 @@ def gather(run_dir: str | Path, *, runner: Runner = default_runner, clock: Calla
                 state.warnings.append(error)
                 state.state, state.reason = _ended_state(events)
                 state.reason = f"from the event log; {state.reason}".rstrip("; ")
-            elif state.state == "pending" and any(e.get("job_id") == state.job_id and e.get("event") == "job_start"
-                                                  for e in events):
+            elif state.state == "pending" and any(e.get("job_id") == state.job_id
+                                                  and e.get("event") == EventKind.JOB_START for e in events):
                 state.state = "requeued"  # pending again after an attempt of the same job id
             sacct_text = sacct_dump(state.job_ids, runner)
     sacct = None

@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from launch.kinds import EventKind
+
 ASSUMED_STARTUP_S = 120.0  # no measurement yet: a conservative start-up for a small job on a busy node
 FEW_STEPS = 3
 
@@ -27,9 +29,9 @@ def measured(events: list[dict]) -> tuple[Optional[float], Optional[float]]:
         t = e.get("time")
         if not isinstance(t, (int, float)):
             continue
-        if e.get("event") == "job_start":
+        if e.get("event") == EventKind.JOB_START:
             starts[key] = float(t)
-        elif e.get("event") == "iteration":
+        elif e.get("event") == EventKind.ITERATION:
             if key in starts:
                 startup.append(float(t) - starts.pop(key))
             if isinstance(e.get("seconds"), (int, float)):

@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence, TextIO
 
+from launch.kinds import EventKind
+
 if __package__ in (None, ""):  # run as a script: make the repository importable, not launch/ itself
     _ROOT = str(Path(__file__).resolve().parent.parent)
     sys.path[:] = [_ROOT] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
@@ -71,7 +73,7 @@ def parse_args(argv: Sequence[str]) -> tuple[Optional[Path], list[str], Optional
 def completed_at(last: Optional[dict], submissions: list[dict]) -> Optional[object]:
     """The step at which the run completed, or None when it may still run: its last ``job_start``/``exit``
     event is an exit ``completed`` and no submission (``submissions.jsonl``) came after it."""
-    if last is None or last.get("event") != "exit" or last.get("reason") != "completed":
+    if last is None or last.get("event") != EventKind.EXIT or last.get("reason") != "completed":
         return None
     ended = last.get("time")
     later = [r for r in submissions if not isinstance(ended, (int, float))
@@ -121,7 +123,7 @@ def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None, err
               f"launch/stop.py again)", file=err)
         return EXIT_CANNOT_WRITE
     try:
-        events = [e for e in read_events(paths.events) if e.get("event") in ("job_start", "exit")]
+        events = [e for e in read_events(paths.events) if e.get("event") in (EventKind.JOB_START, EventKind.EXIT)]
     except OSError:  # the event log only adds a note: its absence or a directory there is no reason to refuse
         events = []
     last = events[-1] if events else None
@@ -143,7 +145,7 @@ def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None, err
     when = f"once step {at_step} is done" if at_step else "at the next step boundary"
     print(f"stop requested for {run_dir} ({paths.stop_request.name}, by {doc['by']}): the running attempt saves a "
           f"checkpoint {when} and ends without a requeue", file=out)
-    if last is not None and last.get("event") == "exit":
+    if last is not None and last.get("event") == EventKind.EXIT:
         why = last.get("reason")
         note = ("its requeued attempt honours it when it starts" if why == "requeue"
                 else "no attempt is running now (last: exit " + str(why) + "); a job still queued honours it")

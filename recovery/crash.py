@@ -63,21 +63,23 @@ def attempt_events(events: list[dict], job_id: str, restart_count: int) -> list[
 
 def crashed(events: list[dict]) -> tuple[bool, str]:
     """(requeue?, why) from one attempt's events."""
-    exits = [e for e in events if e.get("event") == "exit"]
-    final = [e.get("reason") for e in events if e.get("event") == "stop" and e.get("reason") in policy.FINAL_REASONS]
+    exits = [e for e in events if e.get("event") == EventKind.EXIT]
+    final = [e.get("reason") for e in events
+             if e.get("event") == EventKind.STOP and e.get("reason") in policy.FINAL_REASONS]
     if not exits and final:
         return False, f"the attempt stopped for good ({final[-1]}) and was killed before its exit event"
     if not exits:
         return True, "the attempt left no exit event (killed before it could write one)"
     last = exits[-1]
-    stops = [e.get("reason") for e in events if e.get("event") == "stop"]
+    stops = [e.get("reason") for e in events if e.get("event") == EventKind.STOP]
     final = [r for r in stops if r in policy.FINAL_REASONS]
     if final:
         return False, f"the attempt stopped for good ({final[-1]}): another attempt would meet the same refusal"
+    said = next((e.get("detail") for e in reversed(events) if e.get("event") == EventKind.STOP), "")
     if last.get("reason") == "hang":  # the hang watchdog ended the attempt (recovery/watchdog.py)
-        return True, f"the attempt hung: {next((e.get('detail') for e in reversed(events) if e.get('event') == 'stop'), '')}"[:300]
+        return True, f"the attempt hung: {said}"[:300]
     if last.get("reason") == "error" and (not stops or stops[-1] == "crash"):
-        return True, f"the attempt crashed: {next((e.get('detail') for e in reversed(events) if e.get('event') == 'stop'), '')}"[:300]
+        return True, f"the attempt crashed: {said}"[:300]
     return False, f"the attempt ended with exit reason {last.get('reason')!r}" + (f" (stop: {stops[-1]})" if stops else "")
 
 

@@ -173,9 +173,9 @@ def committed_steps(events: list) -> list:
     """Steps the run's event log says were committed, since its last explicit start-over."""
     steps: list = []
     for e in events:
-        if e.get("event") == "start_over":
+        if e.get("event") == EventKind.START_OVER:
             steps = []
-        elif e.get("event") == "checkpoint_saved" and e.get("step") is not None:
+        elif e.get("event") == EventKind.CHECKPOINT_SAVED and e.get("step") is not None:
             steps.append(e.get("step"))
     return steps
 

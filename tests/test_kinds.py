@@ -214,6 +214,32 @@ def test_no_emitter_writes_an_event_kind_as_a_string_literal():
     assert literal == []
 
 
+def _reads_the_kind(n) -> bool:
+    """``e.get("event")``, ``e["event"]``, ``r.event`` or ``df["event"].isin(...)``."""
+    import ast
+
+    if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
+        return (n.func.attr == "get" and bool(n.args) and isinstance(n.args[0], ast.Constant)
+                and n.args[0].value == "event") or (n.func.attr == "isin" and _reads_the_kind(n.func.value))
+    return (isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) and n.slice.value == "event") \
+        or (isinstance(n, ast.Attribute) and n.attr == "event")
+
+
+def test_no_reader_compares_an_event_kind_with_a_string_literal():
+    import ast
+
+    kinds = {k.value for k in EventKind}
+    literal = []
+    for rel, tree in _product_trees():
+        for n in ast.walk(tree):
+            reads = (isinstance(n, ast.Compare) and any(_reads_the_kind(x) for x in [n.left, *n.comparators])) \
+                or (isinstance(n, ast.Call) and _reads_the_kind(n))
+            if reads:
+                literal += [f"{rel}:{c.lineno} {c.value!r}" for c in ast.walk(n)
+                            if isinstance(c, ast.Constant) and c.value in kinds]
+    assert literal == []
+
+
 def test_every_event_kind_is_emitted_somewhere():
     """A kind in the vocabulary that nothing names is a dead row of the documentation."""
     import ast
