@@ -76,8 +76,8 @@ def save_figures(events: Iterable[Mapping[str, Any]]) -> dict:
     (``save_failed``, by cause), abandoned writes (``checkpoint_abandoned``) and the replay checks
     (``replay_match`` / ``replay_mismatch``)."""
     ev = [e for e in events if _rank0(e.get("rank"))]
-    cost = [e for e in ev if e.get("event") == "checkpoint_cost"]
-    failed = [e for e in ev if e.get("event") == "save_failed"]
+    cost = [e for e in ev if e.get("event") == EventKind.CHECKPOINT_COST]
+    failed = [e for e in ev if e.get("event") == EventKind.SAVE_FAILED]
     by_cause: dict = {}
     for e in failed:
         by_cause[str(e.get("cause"))] = by_cause.get(str(e.get("cause")), 0) + 1
@@ -87,7 +87,7 @@ def save_figures(events: Iterable[Mapping[str, Any]]) -> dict:
         "durable_s": _median([e.get("durable_s") for e in cost]),
         "step_time_dip": _median([e.get("dip") for e in cost]),
         "failed": len(failed), "failed_by_cause": by_cause,
-        "abandoned": sum(1 for e in ev if e.get("event") == "checkpoint_abandoned"),
-        "replay_matches": sum(1 for e in ev if e.get("event") == "replay_match"),
-        "replay_mismatches": sum(1 for e in ev if e.get("event") == "replay_mismatch"),
+        "abandoned": sum(1 for e in ev if e.get("event") == EventKind.CHECKPOINT_ABANDONED),
+        "replay_matches": sum(1 for e in ev if e.get("event") == EventKind.REPLAY_MATCH),
+        "replay_mismatches": sum(1 for e in ev if e.get("event") == EventKind.REPLAY_MISMATCH),
     }
