@@ -19,7 +19,7 @@ import re
 from typing import Any, Callable, Optional
 
 from analysis import flops
-from launch import check_data, check_watch, planner, vocab
+from launch import check_data, check_watch, hf_config, planner, vocab
 from launch.config import CHOICES, Job
 from launch.paths import NAME_MAX, run_dir_issue, run_name_issue, run_root_issue  # noqa: F401
 from launch.layout_rules import batch, features, has_size_errors, layout_problems, mesh, model_split, positive_sizes
@@ -83,6 +83,7 @@ def check(job: Job, *, path_exists: Callable[[str], bool] = os.path.exists,
                  _time, _cluster, _numbers, _strings, check_watch.problems):
         problems.extend(rule(job))
     problems.extend(check_data.problems(job, path_exists, read_index, load_tokenizer))
+    problems.extend(hf_config.init_from_problems(job, path_exists))
     if not has_size_errors(problems) and not any(p.field in _PLANNER_DIVISORS for p in problems):
         problems.extend(_collaborators(job))  # the planner's guards divide by the rates: not with a 0 or nan one
     return problems

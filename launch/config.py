@@ -245,6 +245,7 @@ class TrainingConfig:
     zero_progress_restarts: int = 3  # stop after N consecutive restarts with no new checkpoint
     requeue_on_crash: bool = True  # Slurm: requeue a crashed attempt (bounded by the two limits above)
     restart_from_scratch: bool = False  # fresh submission only: move existing checkpoints to quarantine/, start at 0
+    init_from: str = ""  # hf:DIR: step 0 starts from these Hugging Face weights (a resume always loads the run's own)
     # hang watchdog (recovery/watchdog.py): a watcher process per rank ends a hung attempt and requeues it
     hang_watchdog: bool = True  # on by default, on Slurm and cluster=local
     hang_startup_s: float = 1200.0  # rank start to its first finished step (start-up, checkpoint load, step 1)

@@ -274,25 +274,35 @@ def init_layout_independent(chunks: List[torch.nn.Module], model: ModelConfig, s
         for gname, p in _global_names(chunk, model):
             if p.dim() < 2 or "norm" in gname.split(".")[-2] or gname.endswith("bias"):
                 continue
-            expert = not getattr(p, "allreduce", True)
-            if getattr(p, "tensor_model_parallel", False):
-                dim, stride = p.partition_dim, getattr(p, "partition_stride", 1)
-                if expert:
-                    rank = parallel_state.get_expert_tensor_parallel_rank()
-                    world = parallel_state.get_expert_tensor_parallel_world_size()
-                else:
-                    rank = parallel_state.get_tensor_model_parallel_rank()
-                    world = parallel_state.get_tensor_model_parallel_world_size()
-            else:
-                dim, stride, rank, world = 0, 1, 0, 1
+            dim, _stride, _rank, world = _tp_split(p)
             full_shape = list(p.shape)
             full_shape[dim] *= world
             # drawn on the parameter's device: the same values for every layout on one device type
             gen = torch.Generator(device=p.device).manual_seed(seed * 1_000_003 + zlib.crc32(gname.encode()))
             s = scaled if gname.endswith(("linear_proj.weight", "linear_fc2.weight")) else std
             full = torch.empty(full_shape, dtype=torch.float32, device=p.device).normal_(0.0, s, generator=gen)
-            # the same interleaving as Megatron's _initialize_affine_weight_cpu
-            pieces = torch.split(full, p.shape[dim] // stride, dim=dim)
-            mine = torch.cat(pieces[rank::world], dim=dim)
             with torch.no_grad():
-                p.copy_(mine.to(dtype=p.dtype))
+                p.copy_(rank_slice(full, p).to(dtype=p.dtype))
+
+
+def _tp_split(p: torch.nn.Parameter) -> tuple[int, int, int, int]:
+    """(partition dim, stride, rank, world) of a parameter's tensor-parallel split; (0, 1, 0, 1) if unsplit."""
+    if not getattr(p, "tensor_model_parallel", False):
+        return 0, 1, 0, 1
+    if not getattr(p, "allreduce", True):  # an expert's weight: the expert tensor-parallel group
+        rank = parallel_state.get_expert_tensor_parallel_rank()
+        world = parallel_state.get_expert_tensor_parallel_world_size()
+    else:
+        rank = parallel_state.get_tensor_model_parallel_rank()
+        world = parallel_state.get_tensor_model_parallel_world_size()
+    return p.partition_dim, getattr(p, "partition_stride", 1), rank, world
+
+
+def rank_slice(full: torch.Tensor, p: torch.nn.Parameter) -> torch.Tensor:
+    """This rank's piece of the full (TP1) tensor of parameter ``p``, with the interleaving of Megatron's
+    ``_initialize_affine_weight_cpu`` (a stride-2 SwiGLU ``linear_fc1`` holds ``[gate_r; up_r]``)."""
+    dim, stride, rank, world = _tp_split(p)
+    if world == 1:
+        return full
+    pieces = torch.split(full, full.shape[dim] // (world * stride), dim=dim)
+    return torch.cat(pieces[rank::world], dim=dim)

@@ -19,6 +19,7 @@ import random
 import time
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any, Dict, List, NamedTuple, Optional
 
 import numpy as np
@@ -155,7 +156,8 @@ def build_scheduler(training: TrainingConfig, optimizer: Any, iters: int, gbs: i
     )
 
 
-def build_training(job: Job, iters: int, *, cuda: bool, device: torch.device) -> TrainingParts:
+def build_training(job: Job, iters: int, *, cuda: bool, device: torch.device,
+                   hf_weights: Optional[Path] = None) -> TrainingParts:
     """Model chunks (Megatron DDP), optimizer and LR schedule for ``job``, in one fixed order.
 
     The worker and the preflight both build through here, so the preflight checks exactly
@@ -177,6 +179,10 @@ def build_training(job: Job, iters: int, *, cuda: bool, device: torch.device) ->
     seed_step(t.seed, 0)
     chunks = megatron_model.build_model_chunks(job.model, config, p.tp, use_te=use_te, device=device)
     megatron_model.init_layout_independent(chunks, job.model, t.seed)
+    if hf_weights is not None:  # training.init_from=hf:DIR at step 0: before DDP and the optimizer copy the weights
+        from train import hf_bridge
+
+        hf_bridge.load_into(chunks, job.model, hf_weights, megatron_model.padded_vocab_size(job.model, p.tp))
     chunks = wrap_ddp(chunks, config, p)
     optimizer = build_optimizer(t, chunks, p)
     config.grad_scale_func = optimizer.scale_loss  # fp16: the schedules scale the loss by the dynamic loss scale

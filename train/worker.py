@@ -389,7 +389,18 @@ def _train_started(ctx: RankContext, start, iters: int, watch: Any = None) -> in
         return EXIT_COMPLETED
 
     ctx.phase(f"building the model ({job.model.num_layers} layers, hidden {job.model.hidden_size}) and optimizer")
-    parts = train_loop.build_training(job, iters, cuda=ctx.cuda, device=ctx.device)
+    hf_weights = _hf_weights(ctx, start)
+    try:
+        parts = train_loop.build_training(job, iters, cuda=ctx.cuda, device=ctx.device, hf_weights=hf_weights)
+    except ValueError as e:
+        from train.hf_bridge import HFWeightsError
+
+        if not isinstance(e, HFWeightsError):
+            raise
+        return _refuse_hf_weights(ctx, str(e))
+    if hf_weights is not None:
+        ctx.log(f"initialised every weight from the Hugging Face model in {hf_weights} (training.init_from)")
+        ctx.emit("init_from", source=str(hf_weights), step=0)
     ckpt = Checkpointer(ctx, parts, start.identity)
     state = ckpt.load(start.resume)
     if tracking.is_tracking_rank():  # one rank writes TensorBoard/W&B; it purges steps past the resumed one
@@ -538,6 +549,32 @@ def _refuse_data(ctx: RankContext, refused: dict) -> int:
     print(f"refused to start: {refused['detail']}", flush=True)
     ctx.emit(EventKind.STOP, reason=refused["reason"], code=code, detail=refused["detail"])
     ctx.emit(EventKind.EXIT, reason=refused["reason"], code=code, step=None)
+    return code
+
+
+def _hf_weights(ctx: RankContext, start) -> Any:
+    """``training.init_from=hf:DIR`` applies to a run with no checkpoint only: a resume loads the run's own."""
+    from launch.hf_config import hf_dir
+
+    directory = hf_dir(ctx.job.training.init_from)
+    if directory is None:
+        return None
+    if start.resume.path is not None:
+        ctx.log(f"training.init_from={ctx.job.training.init_from} is not used: resuming from the run's own "
+                f"checkpoint {start.resume.path}")
+        return None
+    return directory
+
+
+def _refuse_hf_weights(ctx: RankContext, detail: str) -> int:
+    """The Hugging Face weights of training.init_from cannot initialise this model: a final stop on every rank
+    (each read all the tensors, so all refuse together), one line, no traceback."""
+    from recovery.policy import FINAL_REASONS
+
+    code = FINAL_REASONS["bad_config"]
+    ctx.log(f"refused to start: training.init_from: {detail} (exit {code}; final: not relaunched or requeued)")
+    ctx.emit("stop", reason="bad_config", code=code, detail=detail[:2000])
+    ctx.emit("exit", reason="bad_config", code=code, step=None)
     return code
 
 

@@ -1,0 +1,200 @@
+"""The Hugging Face side of a model, torch-free: which HF architecture a model maps to, and whether an HF
+checkpoint's ``config.json`` fits a job (``training.init_from=hf:DIR``).
+
+Both sides read this module: the job check refuses a shape mismatch at submit from ``config.json`` alone
+(no torch on the login node), and the ranks and ``python -m train.export`` map the weights
+(:mod:`train.hf_bridge`) for the architecture named here.
+
+Only the Llama family is mapped: a dense decoder with SwiGLU, RoPE and RMSNorm (GQA or MHA, biases or not,
+tied or untied output layer) is exactly ``LlamaForCausalLM``. Everything else is refused in one line naming
+what has no Llama equivalent (LayerNorm, GeLU MLP, learned absolute positions, MoE).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from launch.problems import Problem
+
+HF_PREFIX = "hf:"
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+LLAMA = "LlamaForCausalLM"
+NORM_EPS = 1e-5  # Megatron-Core's TransformerConfig.layernorm_epsilon (the translator keeps the default)
+# training.precision -> the dtype of the exported weights by default (fp8 trains bf16 weights)
+EXPORT_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}
+
+
+def unsupported(model: Any) -> Optional[str]:
+    """Why ``model`` has no Hugging Face equivalent this toolkit maps (None: it is a Llama)."""
+    why = []
+    if not model.swiglu:
+        why.append("a GeLU MLP (model.swiglu=false)")
+    if model.normalization != "RMSNorm":
+        why.append(f"{model.normalization} (model.normalization)")
+    if model.position_embedding_type != "rope":
+        why.append(f"{model.position_embedding_type} positions (model.position_embedding_type)")
+    if (model.num_experts or 0) > 1:
+        why.append(f"{model.num_experts} experts (model.num_experts)")
+    if not why:
+        return None
+    return ("only Llama-style models (SwiGLU, RoPE, RMSNorm, dense) map to a Hugging Face architecture here; "
+            f"this model has {', '.join(why)}")
+
+
+def head_dim(model: Any) -> int:
+    return model.kv_channels or model.hidden_size // model.num_attention_heads
+
+
+def query_groups(model: Any) -> int:
+    return model.num_query_groups or model.num_attention_heads
+
+
+def llama_fields(model: Any, padded_vocab: int) -> dict:
+    """The ``LlamaConfig`` arguments of ``model`` (the vocabulary is the padded one the ranks build)."""
+    return {
+        "vocab_size": padded_vocab,
+        "hidden_size": model.hidden_size,
+        "intermediate_size": model.ffn_hidden_size,
+        "num_hidden_layers": model.num_layers,
+        "num_attention_heads": model.num_attention_heads,
+        "num_key_value_heads": query_groups(model),
+        "head_dim": head_dim(model),
+        "hidden_act": "silu",
+        "max_position_embeddings": model.max_position_embeddings or model.seq_length,
+        "rms_norm_eps": NORM_EPS,
+        "rope_theta": float(model.rotary_base),
+        "tie_word_embeddings": not model.untie_embeddings_and_output_weights,
+        "attention_bias": bool(model.add_bias_linear),
+        "mlp_bias": bool(model.add_bias_linear),
+    }
+
+
+def rope_theta(cfg: dict) -> Optional[float]:
+    """RoPE base of an HF config: ``rope_theta`` (transformers 4) or ``rope_parameters.rope_theta`` (5)."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and params.get("rope_theta") is not None:
+        return float(params["rope_theta"])
+    return float(cfg["rope_theta"]) if cfg.get("rope_theta") is not None else None
+
+
+def hf_dir(init_from: str) -> Optional[Path]:
+    """The directory of ``training.init_from=hf:DIR`` ('' -> None)."""
+    if not init_from:
+        return None
+    return Path(init_from[len(HF_PREFIX):]).expanduser() if init_from.startswith(HF_PREFIX) else None
+
+
+def read_config(directory: Path) -> dict:
+    """``DIR/config.json`` as a dict (OSError / ValueError on a missing or bad file)."""
+    doc = json.loads((Path(directory) / CONFIG_FILE).read_text(encoding="utf-8"))
+    if not isinstance(doc, dict):
+        raise ValueError("config.json is not a JSON object")
+    return doc
+
+
+def shape_problems(model: Any, padded_vocab: int, cfg: dict, field: str = "training.init_from") -> list[Problem]:
+    """Every way an HF ``config.json`` (``cfg``) does not fit ``model``: each with the arithmetic and the fix."""
+    archs = cfg.get("architectures") or []
+    if cfg.get("model_type") != "llama" and LLAMA not in archs:
+        return [Problem(field, "only Llama checkpoints (LlamaForCausalLM) can initialise a run",
+                        f"config.json: model_type {cfg.get('model_type')!r}, architectures {archs}",
+                        "export a Llama-style checkpoint, or start without training.init_from")]
+    want = llama_fields(model, padded_vocab)
+    heads = cfg.get("num_attention_heads")
+    got = {
+        "hidden_size": cfg.get("hidden_size"),
+        "num_hidden_layers": cfg.get("num_hidden_layers"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": cfg.get("num_key_value_heads", heads),
+        "intermediate_size": cfg.get("intermediate_size"),
+        "vocab_size": cfg.get("vocab_size"),
+        "head_dim": cfg.get("head_dim") or (cfg["hidden_size"] // heads
+                                            if isinstance(cfg.get("hidden_size"), int) and isinstance(heads, int)
+                                            and heads > 0 else None),
+        "rope_theta": rope_theta(cfg),
+        "rms_norm_eps": cfg.get("rms_norm_eps"),
+        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        "attention_bias": bool(cfg.get("attention_bias", False)),
+        "mlp_bias": bool(cfg.get("mlp_bias", False)),
+    }
+    ours = {  # HF name -> (our field, how to set it)
+        "hidden_size": "model.hidden_size", "num_hidden_layers": "model.num_layers",
+        "num_attention_heads": "model.num_attention_heads", "num_key_value_heads": "model.num_query_groups",
+        "intermediate_size": "model.ffn_hidden_size", "head_dim": "model.kv_channels",
+        "rope_theta": "model.rotary_base", "tie_word_embeddings": "model.untie_embeddings_and_output_weights",
+        "attention_bias": "model.add_bias_linear", "mlp_bias": "model.add_bias_linear",
+    }
+    out = []
+    for key, mine in want.items():
+        if key not in got:
+            continue
+        theirs = got[key]
+        if key in ("rope_theta", "rms_norm_eps"):
+            same = isinstance(theirs, (int, float)) and math.isclose(float(theirs), float(mine), rel_tol=1e-9)
+        else:
+            same = theirs == mine
+        if same:
+            continue
+        if key == "vocab_size":
+            out.append(Problem(
+                field, "the HF vocabulary differs from the one this job builds",
+                f"config.json vocab_size {theirs} != padded vocabulary {padded_vocab} (model.vocab_size "
+                f"{model.vocab_size} padded to a multiple of lcm(model.make_vocab_size_divisible_by "
+                f"{model.make_vocab_size_divisible_by}, tp))",
+                f"set model.vocab_size={theirs} and a model.make_vocab_size_divisible_by that divides {theirs}"))
+        elif key == "rms_norm_eps":
+            out.append(Problem(field, "the HF model normalises with another epsilon than Megatron-Core's RMSNorm",
+                               f"config.json rms_norm_eps {theirs} != {NORM_EPS}",
+                               "initialise from a checkpoint with rms_norm_eps 1e-05"))
+        elif key == "tie_word_embeddings":
+            out.append(Problem(field, "the HF model and this job tie the output layer differently",
+                               f"config.json tie_word_embeddings {theirs} != not model.untie_embeddings_and_output_"
+                               f"weights ({mine})",
+                               f"set model.untie_embeddings_and_output_weights={str(not theirs).lower()}"))
+        elif key in ("attention_bias", "mlp_bias"):
+            if key == "mlp_bias" and any(p.arithmetic.startswith("config.json attention_bias") for p in out):
+                continue
+            out.append(Problem(field, "the HF model and this job differ in linear-layer biases",
+                               f"config.json {key} {theirs} != model.add_bias_linear {mine}",
+                               f"set model.add_bias_linear={str(theirs).lower()}" if
+                               got["attention_bias"] == got["mlp_bias"] else
+                               "attention and MLP biases must agree (Megatron's add_bias_linear sets both)"))
+        else:
+            out.append(Problem(field, f"the HF model's {key} differs from this job's {ours[key]}",
+                               f"config.json {key} {theirs} != {ours[key]} {mine}",
+                               f"set {ours[key]}={theirs}"))
+    return out
+
+
+def init_from_problems(job: Any, path_exists: Callable[[str], bool],
+                       read: Callable[[Path], dict] = read_config) -> list[Problem]:
+    """The job check's rule for ``training.init_from``: the form, the files, the architecture, the shapes."""
+    init_from = job.training.init_from
+    if not init_from:
+        return []
+    field = "training.init_from"
+    if not init_from.startswith(HF_PREFIX) or not init_from[len(HF_PREFIX):]:
+        return [Problem(field, "a run initialises from a Hugging Face model directory",
+                        f"training.init_from={init_from!r}", "set training.init_from=hf:DIR (DIR holds config.json "
+                        "and model.safetensors) or leave it empty")]
+    if (why := unsupported(job.model)) is not None:
+        return [Problem(field, "this model has no Hugging Face equivalent to initialise from", why,
+                        "use a Llama-style model (model.swiglu=true, rope, RMSNorm, dense)")]
+    directory = hf_dir(init_from)
+    if not path_exists(str(directory / CONFIG_FILE)):
+        return [Problem(field, "no Hugging Face model there", f"{directory / CONFIG_FILE} does not exist",
+                        "point training.init_from=hf:DIR at a directory written by save_pretrained")]
+    if not (path_exists(str(directory / WEIGHTS_FILE)) or path_exists(str(directory / WEIGHTS_INDEX))):
+        return [Problem(field, "no safetensors weights there",
+                        f"neither {WEIGHTS_FILE} nor {WEIGHTS_INDEX} in {directory}",
+                        "save the HF model with safe_serialization (the default), or convert its .bin weights")]
+    try:
+        cfg = read(directory)
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        return [Problem(field, "config.json cannot be read", f"{directory / CONFIG_FILE}: {e}",
+                        "point training.init_from at a directory written by save_pretrained")]
+    return shape_problems(job.model, job.padded_vocab_size, cfg, field)
