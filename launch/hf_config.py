@@ -143,8 +143,8 @@ def shape_problems(model: Any, padded_vocab: int, cfg: dict, field: str = "train
             out.append(Problem(
                 field, "the HF vocabulary differs from the one this job builds",
                 f"config.json vocab_size {theirs} != padded vocabulary {padded_vocab} (model.vocab_size "
-                f"{model.vocab_size} padded to a multiple of lcm(model.make_vocab_size_divisible_by "
-                f"{model.make_vocab_size_divisible_by}, tp))",
+                f"{model.vocab_size} padded to a multiple of model.make_vocab_size_divisible_by "
+                f"{model.make_vocab_size_divisible_by} and of tp)",
                 f"set model.vocab_size={theirs} and a model.make_vocab_size_divisible_by that divides {theirs}"))
         elif key == "rms_norm_eps":
             out.append(Problem(field, "the HF model normalises with another epsilon than Megatron-Core's RMSNorm",

@@ -1,0 +1,127 @@
+"""The Hugging Face bridge without training: the submit-time check of ``training.init_from``, the weight
+mapping's fused layouts, and the export's refusals (the end-to-end runs are in test_hf_training.py)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch.check import check
+from launch.compose import compose_job, job_to_yaml
+from launch.hf_config import llama_fields, shape_problems, unsupported
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["cluster=local", "model=tiny", "parallelism=tp1", "cluster.gpus_per_node=1"]
+
+
+def hf_dir(tmp_path: Path, **changes) -> Path:
+    """An HF model directory for the tiny model (config.json as save_pretrained writes it, transformers 5)."""
+    job = compose_job(TINY)
+    cfg = llama_fields(job.model, job.padded_vocab_size)
+    theta = cfg.pop("rope_theta")
+    cfg.update(model_type="llama", architectures=["LlamaForCausalLM"],
+               rope_parameters={"rope_type": "default", "rope_theta": theta})
+    cfg.update(changes)
+    d = tmp_path / "hf"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    (d / "model.safetensors").write_bytes(b"")  # the check reads config.json only
+    return d
+
+
+def init_problems(tmp_path: Path, *overrides: str, **changes) -> list:
+    d = hf_dir(tmp_path, **changes)
+    job = compose_job([*TINY, f"run.dir={tmp_path / 'run'}", f"training.init_from=hf:{d}", *overrides])
+    return [p for p in check(job) if p.field == "training.init_from"]
+
+
+def test_a_matching_hf_model_is_accepted(tmp_path):
+    assert init_problems(tmp_path) == []
+
+
+@pytest.mark.parametrize("changes, arithmetic", [
+    ({"hidden_size": 128}, "config.json hidden_size 128 != model.hidden_size 64"),
+    ({"num_hidden_layers": 2}, "config.json num_hidden_layers 2 != model.num_layers 4"),
+    ({"num_attention_heads": 8}, "config.json num_attention_heads 8 != model.num_attention_heads 4"),
+    ({"num_key_value_heads": 4}, "config.json num_key_value_heads 4 != model.num_query_groups 2"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}},
+     "config.json rope_theta 500000.0 != model.rotary_base 10000.0"),
+    ({"vocab_size": 32000}, "config.json vocab_size 32000 != padded vocabulary 320"),
+])
+def test_a_shape_mismatch_is_refused_with_the_arithmetic(tmp_path, changes, arithmetic):
+    problems = init_problems(tmp_path, **changes)
+    assert len(problems) == 1 and problems[0].arithmetic.startswith(arithmetic), problems
+    assert problems[0].fix.startswith("set ")
+
+
+def test_the_refusal_at_submit_is_lines_not_a_traceback(tmp_path):
+    d = hf_dir(tmp_path, hidden_size=128)
+    proc = subprocess.run([sys.executable, str(REPO / "launch" / "pretrain.py"), *TINY, f"run.dir={tmp_path / 'run'}",
+                           f"training.init_from=hf:{d}", "dry_run=true"], capture_output=True, text=True, cwd=REPO,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    out = proc.stdout + proc.stderr
+    assert "config.json hidden_size 128 != model.hidden_size 64" in out and "Traceback" not in out
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_init_from_names_a_form_files_and_an_architecture(tmp_path):
+    job = compose_job([*TINY, "training.init_from=/some/dir"])
+    assert [p.arithmetic for p in check(job) if p.field == "training.init_from"] == \
+        ["training.init_from='/some/dir'"]
+    job = compose_job([*TINY, f"training.init_from=hf:{tmp_path}"])
+    assert any("config.json does not exist" in p.arithmetic for p in check(job) if p.field == "training.init_from")
+    assert [p.arithmetic for p in shape_problems(job.model, 320, {"model_type": "gpt2"})] == \
+        ["config.json: model_type 'gpt2', architectures []"]
+    gpt3 = compose_job(["cluster=local", "model=125m"])
+    assert "GeLU MLP" in unsupported(gpt3.model) and "LayerNorm" in unsupported(gpt3.model)
+
+
+def test_qkv_and_fc1_split_by_query_group_and_back():
+    torch = pytest.importorskip("torch")
+    from train.hf_bridge import from_hf, to_hf
+
+    model = compose_job(TINY).model  # 4 heads in 2 groups of head dim 16; ffn 256
+    h, d = model.hidden_size, 16
+    sd = {"embedding.word_embeddings.weight": torch.randn(320, h), "decoder.final_layernorm.weight": torch.randn(h),
+          "output_layer.weight": torch.randn(320, h)}
+    for i in range(model.num_layers):
+        p = f"decoder.layers.{i}."
+        # row r of linear_qkv holds the value r: group 0 is rows 0-63 = q heads 0,1 (0-31), k (32-47), v (48-63)
+        sd.update({p + "input_layernorm.weight": torch.randn(h), p + "pre_mlp_layernorm.weight": torch.randn(h),
+                   p + "self_attention.linear_qkv.weight": torch.arange(128.0).unsqueeze(1).expand(128, h).clone(),
+                   p + "self_attention.linear_proj.weight": torch.randn(h, 4 * d),
+                   p + "mlp.linear_fc1.weight": torch.randn(512, h), p + "mlp.linear_fc2.weight": torch.randn(h, 256)})
+    hf = to_hf(sd, model)
+    q, k, v = (hf[f"model.layers.0.self_attn.{n}_proj.weight"][:, 0] for n in "qkv")
+    assert q.tolist() == list(range(0, 32)) + list(range(64, 96))  # heads 0,1 of group 0, then 2,3 of group 1
+    assert k.tolist() == list(range(32, 48)) + list(range(96, 112))
+    assert v.tolist() == list(range(48, 64)) + list(range(112, 128))
+    assert torch.equal(hf["model.layers.1.mlp.gate_proj.weight"], sd["decoder.layers.1.mlp.linear_fc1.weight"][:256])
+    assert torch.equal(hf["model.layers.1.mlp.up_proj.weight"], sd["decoder.layers.1.mlp.linear_fc1.weight"][256:])
+    back = from_hf(hf, model)
+    assert sorted(back) == sorted(sd) and all(torch.equal(back[n], sd[n]) for n in sd)
+
+
+def test_export_refuses_a_model_without_hf_equivalent_and_a_run_without_checkpoint(tmp_path, capsys):
+    from train import export
+
+    run = tmp_path / "gpt3"
+    run.mkdir()
+    (run / "config.yaml").write_text(job_to_yaml(compose_job(["cluster=local", "model=125m", f"run.dir={run}"])))
+    assert export.main([str(run), "--out", str(tmp_path / "out")]) == 2
+    assert "only Llama-style models" in capsys.readouterr().err
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    (tiny / "config.yaml").write_text(job_to_yaml(compose_job([*TINY, f"run.dir={tiny}"])))
+    (tiny / "checkpoints").mkdir()
+    assert export.main([str(tiny), "--out", str(tmp_path / "out")]) == 5
+    assert "holds no verified checkpoint" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("keep")
+    assert export.main([str(tiny), "--out", str(tmp_path / "full")]) == 2
+    assert "never overwrites" in capsys.readouterr().err and (tmp_path / "full" / "x").read_text() == "keep"
