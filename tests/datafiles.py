@@ -19,10 +19,16 @@ UINT16_CODE = 8  # Megatron's DType.uint16
 
 def write_index(prefix: Path, lengths: Sequence[int], seed: int = 0) -> Path:
     """``prefix.bin/.idx`` with one document per sequence of the given lengths (tokens < 257)."""
+    rng = np.random.default_rng(seed)
+    return write_docs(prefix, [rng.integers(0, 256, size=n, dtype=np.uint16) for n in lengths])
+
+
+def write_docs(prefix: Path, tokens: Sequence[np.ndarray]) -> Path:
+    """``prefix.bin/.idx`` holding these documents (uint16 token ids < 257), in this order."""
     prefix = Path(prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    tokens = [rng.integers(0, 256, size=n, dtype=np.uint16) for n in lengths]
+    tokens = [np.asarray(t, dtype=np.uint16) for t in tokens]
+    lengths = [len(t) for t in tokens]
     prefix.with_name(prefix.name + ".bin").write_bytes(b"".join(t.tobytes() for t in tokens))
     lens = np.asarray(lengths, dtype=np.int32)
     pointers = np.concatenate([[0], np.cumsum(lens[:-1], dtype=np.int64) * 2]).astype(np.int64)

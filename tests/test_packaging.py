@@ -77,6 +77,12 @@ def test_train_extra_is_a_range_and_the_cpu_constraints_pin_it(metadata: str) ->
         assert pin.operator == "==" and specs[name].contains(pin.version), (name, pin, specs[name])
 
 
+def test_export_extra_is_in_the_test_extra_and_off_the_base(metadata: str) -> None:
+    base, extras = _requirements(metadata)
+    assert {"transformers", "safetensors"} <= extras["export"] and not base & {"transformers", "safetensors"}
+    assert "slurmtron[export]" in extras["test"]
+
+
 def test_readme_commands_and_ci_agree() -> None:
     readme = (REPO / "README.md").read_text()
     ci = (REPO / ".ci" / "run").read_text().strip().splitlines()[-1]
