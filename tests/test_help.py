@@ -60,6 +60,7 @@ ENTRY_POINTS = {  # name -> argv after the interpreter; what its usage must ment
     "preprocess": (["-m", "launch.preprocess"], ["--input", "--output-prefix", "--tokenizer"]),
     "report": ([str(REPO / "analysis" / "report.py")], ["--out", "report.md"]),
     "resume": (["-m", "recovery.resume"], ["CHECKPOINT_ROOT", "3 it would refuse"]),
+    "export": (["-m", "train.export"], ["--out", "--step", "5 no verified checkpoint"]),
 }
 
 

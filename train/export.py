@@ -40,9 +40,6 @@ EXIT_LOGITS = 3
 FP32_TOLERANCE = 1e-4  # max |logit difference| of a float32 export (observed ~1e-6 on the tiny model)
 RECORD = "slurmtron_export.json"
 DTYPES = ("float32", "bfloat16", "float16")
-USAGE = ("usage: python -m train.export RUN_DIR --out DIR [--step N] [--dtype float32|bfloat16|float16] "
-         "[--max-shard-size 5GB] (docs/export.md)")
-
 
 class Refused(Exception):
     def __init__(self, code: int, line: str) -> None:
@@ -233,8 +230,13 @@ def _into_empty(staging: Path, out: Path) -> None:
 
 def main(argv: Optional[list] = None, env: Optional[dict] = None) -> int:
     env = dict(os.environ if env is None else env)
-    parser = argparse.ArgumentParser(prog="python -m train.export", description=__doc__.split("\n\n")[0],
-                                     epilog="docs/export.md: After training: export and evaluate")
+    parser = argparse.ArgumentParser(
+        prog="python -m train.export", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="A run's newest verified checkpoint (or --step N), saved in any layout, as a Hugging Face "
+                    "LlamaForCausalLM directory,\nchecked by reloading it with transformers and comparing logits.",
+        epilog="exit codes: 0 written; 2 bad argument or input; 3 the written model does not reproduce the logits;\n"
+               "5 no verified checkpoint; 7 storage error; 12 unsafe pickle; 13 checkpoint others can write\n"
+               "docs/export.md: After training: export and evaluate")
     parser.add_argument("run_dir")
     parser.add_argument("--out", required=True, help="the Hugging Face directory to write (absent or empty)")
     parser.add_argument("--step", type=int, default=None, help="the checkpoint's step (default: newest verified)")
