@@ -125,3 +125,25 @@ def test_export_refuses_a_model_without_hf_equivalent_and_a_run_without_checkpoi
     (tmp_path / "full" / "x").write_text("keep")
     assert export.main([str(tiny), "--out", str(tmp_path / "full")]) == 2
     assert "never overwrites" in capsys.readouterr().err and (tmp_path / "full" / "x").read_text() == "keep"
+
+
+
+def test_weights_a_rank_cannot_use_are_one_line_for_every_rank(tmp_path):
+    torch = pytest.importorskip("torch")
+    save_file = pytest.importorskip("safetensors.torch").save_file
+    from train.hf_bridge import HFWeightsError, full_shapes, read_full, to_hf
+
+    model = compose_job(TINY).model
+    full = {n: torch.zeros(s) for n, s in full_shapes(model, 320).items()}
+    hf = to_hf(full, model)
+    d = tmp_path / "hf"
+    d.mkdir()
+    save_file(hf, str(d / "model.safetensors"))
+    assert sorted(read_full(d, model, 320)) == sorted(full)  # complete: every tensor, every shape
+    with pytest.raises(HFWeightsError, match=r"embedding.word_embeddings.weight has shape \(320, 64\), the model "
+                                             r"needs \(384, 64\)"):
+        read_full(d, model, 384)
+    del hf["model.layers.3.mlp.up_proj.weight"]
+    save_file(hf, str(d / "model.safetensors"))
+    with pytest.raises(HFWeightsError, match="has no tensor model.layers.3.mlp.up_proj.weight"):
+        read_full(d, model, 320)
