@@ -389,14 +389,12 @@ def _train_started(ctx: RankContext, start, iters: int, watch: Any = None) -> in
         return EXIT_COMPLETED
 
     ctx.phase(f"building the model ({job.model.num_layers} layers, hidden {job.model.hidden_size}) and optimizer")
+    from train.hf_bridge import HFWeightsError
+
     hf_weights = _hf_weights(ctx, start)
     try:
         parts = train_loop.build_training(job, iters, cuda=ctx.cuda, device=ctx.device, hf_weights=hf_weights)
-    except ValueError as e:
-        from train.hf_bridge import HFWeightsError
-
-        if not isinstance(e, HFWeightsError):
-            raise
+    except HFWeightsError as e:
         return _refuse_hf_weights(ctx, str(e))
     if hf_weights is not None:
         ctx.log(f"initialised every weight from the Hugging Face model in {hf_weights} (training.init_from)")
