@@ -5,9 +5,11 @@ Both sides read this module: the job check refuses a shape mismatch at submit fr
 (no torch on the login node), and the ranks and ``python -m train.export`` map the weights
 (:mod:`train.hf_bridge`) for the architecture named here.
 
-Only the Llama family is mapped: a dense decoder with SwiGLU, RoPE and RMSNorm (GQA or MHA, biases or not,
-tied or untied output layer) is exactly ``LlamaForCausalLM``. Everything else is refused in one line naming
-what has no Llama equivalent (LayerNorm, GeLU MLP, learned absolute positions, MoE).
+Two families are mapped: a dense decoder with SwiGLU, RoPE and RMSNorm (GQA or MHA, biases or not, tied or
+untied output layer) is exactly ``LlamaForCausalLM``; one with a GeLU MLP, LayerNorm and learned absolute
+positions (MHA; GPT-3 style) is exactly ``GPT2LMHeadModel`` (exact GeLU; zero biases where Megatron has none).
+Everything else (MoE, mixed choices) is refused in one line naming what fits neither. Only a Llama
+initialises a run (``training.init_from``).
 """
 from __future__ import annotations
 
@@ -23,13 +25,14 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 LLAMA = "LlamaForCausalLM"
+GPT2 = "GPT2LMHeadModel"
 NORM_EPS = 1e-5  # Megatron-Core's TransformerConfig.layernorm_epsilon (the translator keeps the default)
 # training.precision -> the dtype of the exported weights by default (fp8 trains bf16 weights)
 EXPORT_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}
 
 
-def unsupported(model: Any) -> Optional[str]:
-    """Why ``model`` has no Hugging Face equivalent this toolkit maps (None: it is a Llama)."""
+def llama_misfits(model: Any) -> list[str]:
+    """What of ``model`` has no ``LlamaForCausalLM`` equivalent (empty: it is a Llama)."""
     why = []
     if not model.swiglu:
         why.append("a GeLU MLP (model.swiglu=false)")
@@ -39,10 +42,44 @@ def unsupported(model: Any) -> Optional[str]:
         why.append(f"{model.position_embedding_type} positions (model.position_embedding_type)")
     if (model.num_experts or 0) > 1:
         why.append(f"{model.num_experts} experts (model.num_experts)")
-    if not why:
+    return why
+
+
+def gpt2_misfits(model: Any) -> list[str]:
+    """What of ``model`` has no ``GPT2LMHeadModel`` equivalent (empty: it is a GPT-2/GPT-3-style model)."""
+    why = []
+    if model.swiglu:
+        why.append("a SwiGLU MLP (model.swiglu=true)")
+    if model.normalization != "LayerNorm":
+        why.append(f"{model.normalization} (model.normalization)")
+    if model.position_embedding_type != "learned_absolute":
+        why.append(f"{model.position_embedding_type} positions (model.position_embedding_type)")
+    if (model.num_experts or 0) > 1:
+        why.append(f"{model.num_experts} experts (model.num_experts)")
+    if query_groups(model) != model.num_attention_heads:
+        why.append(f"grouped-query attention (model.num_query_groups {query_groups(model)} < "
+                   f"{model.num_attention_heads} heads)")
+    if head_dim(model) * model.num_attention_heads != model.hidden_size:
+        why.append(f"a head dimension {head_dim(model)} x {model.num_attention_heads} heads != hidden_size "
+                   f"{model.hidden_size}")
+    return why
+
+
+def architecture(model: Any) -> Optional[str]:
+    """The Hugging Face class an export of ``model`` is: Llama, GPT-2, or None (no equivalent)."""
+    if not llama_misfits(model):
+        return LLAMA
+    if not gpt2_misfits(model):
+        return GPT2
+    return None
+
+
+def unsupported(model: Any) -> Optional[str]:
+    """Why ``model`` has no Hugging Face equivalent this toolkit maps (None: it has one)."""
+    if architecture(model) is not None:
         return None
-    return ("only Llama-style models (SwiGLU, RoPE, RMSNorm, dense) map to a Hugging Face architecture here; "
-            f"this model has {', '.join(why)}")
+    return (f"no Hugging Face architecture fits this model: as {LLAMA} it has {', '.join(llama_misfits(model))}; "
+            f"as {GPT2} it has {', '.join(gpt2_misfits(model))}")
 
 
 def head_dim(model: Any) -> int:
@@ -70,6 +107,22 @@ def llama_fields(model: Any, padded_vocab: int) -> dict:
         "tie_word_embeddings": not model.untie_embeddings_and_output_weights,
         "attention_bias": bool(model.add_bias_linear),
         "mlp_bias": bool(model.add_bias_linear),
+    }
+
+
+def gpt2_fields(model: Any, padded_vocab: int) -> dict:
+    """The ``GPT2Config`` arguments of a GPT-2/GPT-3-style ``model`` (exact GeLU as Megatron's ``F.gelu``)."""
+    return {
+        "vocab_size": padded_vocab,
+        "n_embd": model.hidden_size,
+        "n_layer": model.num_layers,
+        "n_head": model.num_attention_heads,
+        "n_inner": model.ffn_hidden_size,
+        "n_positions": model.max_position_embeddings or model.seq_length,
+        "activation_function": "gelu",
+        "layer_norm_epsilon": NORM_EPS,
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0,
+        "tie_word_embeddings": not model.untie_embeddings_and_output_weights,
     }
 
 
@@ -181,8 +234,9 @@ def init_from_problems(job: Any, path_exists: Callable[[str], bool],
         return [Problem(field, "a run initialises from a Hugging Face model directory",
                         f"training.init_from={init_from!r}", "set training.init_from=hf:DIR (DIR holds config.json "
                         "and model.safetensors) or leave it empty")]
-    if (why := unsupported(job.model)) is not None:
-        return [Problem(field, "this model has no Hugging Face equivalent to initialise from", why,
+    if misfits := llama_misfits(job.model):
+        return [Problem(field, "only Llama-style models initialise from Hugging Face weights",
+                        f"this model has {', '.join(misfits)}",
                         "use a Llama-style model (model.swiglu=true, rope, RMSNorm, dense)")]
     directory = hf_dir(init_from)
     if not path_exists(str(directory / CONFIG_FILE)):

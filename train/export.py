@@ -2,7 +2,7 @@
 
 Loads the newest *verified* checkpoint of the run (or step N), saved in any layout, into one TP1/PP1 model in
 this process (a one-rank gloo group of its own: no launcher, no Slurm, CPU is enough), maps it to
-``LlamaForCausalLM`` (:mod:`train.hf_bridge`) and writes ``config.json``, ``model.safetensors`` (sharded with
+``LlamaForCausalLM`` or ``GPT2LMHeadModel`` (:mod:`train.hf_bridge`) and writes ``config.json``, ``model.safetensors`` (sharded with
 ``model.safetensors.index.json`` past ``--max-shard-size``), the tokenizer when the run used ``hf:``, and
 ``slurmtron_export.json`` (source, step, dtype and the logits check). Before it says done it loads the written
 directory back with ``transformers`` and compares its logits with the Megatron model's on a probe batch
@@ -116,17 +116,21 @@ def compare_logits(mine: Any, theirs: Any) -> dict:
 
 
 def hf_model(job: Any, tensors: dict, dtype: str) -> Any:
-    """A ``LlamaForCausalLM`` holding ``tensors`` (assigned, not copied; strict: every tensor and no other)."""
+    """A ``LlamaForCausalLM`` or ``GPT2LMHeadModel`` holding ``tensors`` (assigned, not copied; strict: every tensor
+    and no other)."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-    fields = hf_config.llama_fields(job.model, job_padded_vocab(job))
-    eod = end_of_document(job)
-    cfg = LlamaConfig(**fields, architectures=[hf_config.LLAMA], bos_token_id=None, eos_token_id=eod,
-                      pad_token_id=None)
+    arch, eod, vocab = hf_config.architecture(job.model), end_of_document(job), job_padded_vocab(job)
+    if arch == hf_config.GPT2:
+        cls, cfg = GPT2LMHeadModel, GPT2Config(**hf_config.gpt2_fields(job.model, vocab), architectures=[arch],
+                                               bos_token_id=None, eos_token_id=eod, pad_token_id=None)
+    else:
+        cls, cfg = LlamaForCausalLM, LlamaConfig(**hf_config.llama_fields(job.model, vocab), architectures=[arch],
+                                                 bos_token_id=None, eos_token_id=eod, pad_token_id=None)
     cfg.dtype = dtype
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
+        model = cls(cfg)
     model.load_state_dict(tensors, strict=False, assign=True)
     if not job.model.untie_embeddings_and_output_weights:
         model.tie_weights()
@@ -135,7 +139,7 @@ def hf_model(job: Any, tensors: dict, dtype: str) -> Any:
         raise ValueError(f"no weight for {missing[0]} (+{len(missing) - 1} more)")
     unexpected = sorted(set(tensors) - set(model.state_dict()))
     if unexpected:
-        raise ValueError(f"{unexpected[0]} has no place in LlamaForCausalLM")
+        raise ValueError(f"{unexpected[0]} has no place in {type(model).__name__}")
     return model.eval()
 
 
@@ -173,7 +177,7 @@ def copy_tokenizer(job: Any, staging: Path) -> str:
 def export(src: Source, out: Path, dtype: str, max_shard_size: str, log=print) -> dict:
     """Write the HF directory for ``src`` at ``out`` (staged, then renamed); the record of what was written."""
     import torch
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from train import hf_bridge
 
@@ -191,7 +195,7 @@ def export(src: Source, out: Path, dtype: str, max_shard_size: str, log=print) -
             t_load = time.monotonic() - t0
             tokens = probe_tokens(model)
             reference = hf_bridge.megatron_logits(chunk, tokens)
-            tensors = hf_bridge.to_hf(hf_bridge.full_state(chunk, model), model)
+            tensors = hf_bridge.to_hf_for(hf_bridge.full_state(chunk, model), model)
             del chunk
         torch_dtype = getattr(torch, dtype)
         tensors = {k: v.to(torch_dtype) for k, v in tensors.items()}
@@ -200,14 +204,14 @@ def export(src: Source, out: Path, dtype: str, max_shard_size: str, log=print) -
         del hf, tensors
         tokenizer_line = copy_tokenizer(job, staging)
         t_write = time.monotonic() - t0
-        back = LlamaForCausalLM.from_pretrained(str(staging), dtype=torch.float32).eval()
+        back = AutoModelForCausalLM.from_pretrained(str(staging), dtype=torch.float32).eval()
         with torch.no_grad():
             got = back(tokens).logits.float()
         check = compare_logits(reference, got)
         check.update(tolerance=FP32_TOLERANCE if dtype == "float32" else None, probe_shape=list(tokens.shape))
         size = sum(p.stat().st_size for p in staging.iterdir() if p.is_file())
         record = {"run": str(src.run_dir), "run_name": job.run.name, "checkpoint": str(src.path), "step": src.step,
-                  "trained_layout": job.layout_label, "dtype": dtype, "architecture": hf_config.LLAMA,
+                  "trained_layout": job.layout_label, "dtype": dtype, "architecture": hf_config.architecture(model),
                   "bytes": size, "load_s": round(t_load, 3), "write_s": round(t_write, 3),
                   "seconds": round(time.monotonic() - t0, 3), "logits": check,
                   "skipped_newer": [[str(p), r] for p, r in src.skipped]}
@@ -233,7 +237,8 @@ def main(argv: Optional[list] = None, env: Optional[dict] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m train.export", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="A run's newest verified checkpoint (or --step N), saved in any layout, as a Hugging Face "
-                    "LlamaForCausalLM directory,\nchecked by reloading it with transformers and comparing logits.",
+                    "LlamaForCausalLM\nor GPT2LMHeadModel directory, checked by reloading it with transformers and "
+                    "comparing logits.",
         epilog="exit codes: 0 written; 2 bad argument or input; 3 the written model does not reproduce the logits;\n"
                "5 no verified checkpoint; 7 storage error; 12 unsafe pickle; 13 checkpoint others can write\n"
                "docs/export.md: After training: export and evaluate")
@@ -259,7 +264,7 @@ def main(argv: Optional[list] = None, env: Optional[dict] = None) -> int:
             print(f"WARNING: skipped the newer {path.name} ({reason}); exporting {src.path.name}", file=sys.stderr)
         dtype = args.dtype or hf_config.EXPORT_DTYPES.get(src.job.training.precision, "float32")
         print(f"exporting {src.path} (step {src.step}, trained {src.job.layout_label}) to {out} as "
-              f"{hf_config.LLAMA} in {dtype}", flush=True)
+              f"{hf_config.architecture(src.job.model)} in {dtype}", flush=True)
         out.parent.mkdir(parents=True, exist_ok=True)
         rec = export(src, out, dtype, args.max_shard_size)
     except Refused as e:

@@ -1,4 +1,5 @@
-"""Megatron-Core GPT weights <-> Hugging Face Llama weights, and the one-process model of a checkpoint.
+"""Megatron-Core GPT weights <-> Hugging Face Llama weights (-> GPT-2 for GPT-3-style models), and the one-process
+model of a checkpoint.
 
 Written by hand because neither existing bridge installs here: Megatron-Bridge needs TransformerEngine (CUDA
 builds), mamba-ssm and ``megatron-core[dev,mlm]``, and Megatron-Core's wheel has no HF converter
@@ -73,6 +74,59 @@ def to_hf(sd: Tensors, model: Any) -> Tensors:
             out[hf + "mlp.gate_proj." + suffix], out[hf + "mlp.up_proj." + suffix] = gate, up
             out[hf + "mlp.down_proj." + suffix] = sd[f + "linear_fc2." + suffix]
     return {k: v.contiguous() for k, v in out.items()}
+
+
+def _qkv_split(qkv: torch.Tensor, model: Any) -> tuple:
+    """Megatron's fused QKV (rows grouped per query group) -> (q, k, v), each in head order."""
+    nq, g, d = model.num_attention_heads, hf_config.query_groups(model), hf_config.head_dim(model)
+    per = nq // g
+    rest = qkv.shape[1:]
+    grouped = qkv.reshape(g, (per + 2) * d, *rest)
+    return (grouped[:, : per * d].reshape(nq * d, *rest), grouped[:, per * d:(per + 1) * d].reshape(g * d, *rest),
+            grouped[:, (per + 1) * d:].reshape(g * d, *rest))
+
+
+def to_gpt2(sd: Tensors, model: Any) -> Tensors:
+    """Full Megatron tensors of a GPT-3-style model (LayerNorm, GeLU, learned positions, MHA) -> ``GPT2LMHeadModel``.
+
+    GPT-2's ``Conv1D`` layers hold ``[in, out]`` (the transpose of a Linear) and its ``c_attn`` is ``[q; k; v]``
+    over all heads; GPT-2 always has biases: a Megatron model without them gets zeros (the same function)."""
+    sd = {local_name(k): v for k, v in sd.items() if not k.endswith("_extra_state")}
+
+    def bias(name: str, n: int) -> torch.Tensor:
+        ref = sd["embedding.word_embeddings.weight"]
+        return sd[name] if name in sd else torch.zeros(n, dtype=ref.dtype)
+
+    h, f = model.hidden_size, model.ffn_hidden_size
+    out = {"transformer.wte.weight": sd["embedding.word_embeddings.weight"],
+           "transformer.wpe.weight": sd["embedding.position_embeddings.weight"],
+           "transformer.ln_f.weight": sd["decoder.final_layernorm.weight"],
+           "transformer.ln_f.bias": bias("decoder.final_layernorm.bias", h)}
+    if model.untie_embeddings_and_output_weights:
+        out["lm_head.weight"] = sd["output_layer.weight"]
+    for i in range(model.num_layers):
+        m, a, mlp = f"decoder.layers.{i}.", f"decoder.layers.{i}.self_attention.", f"decoder.layers.{i}.mlp."
+        hf = f"transformer.h.{i}."
+        out[hf + "ln_1.weight"] = sd[m + "input_layernorm.weight"]
+        out[hf + "ln_1.bias"] = bias(m + "input_layernorm.bias", h)
+        out[hf + "ln_2.weight"] = sd[m + "pre_mlp_layernorm.weight"]
+        out[hf + "ln_2.bias"] = bias(m + "pre_mlp_layernorm.bias", h)
+        out[hf + "attn.c_attn.weight"] = torch.cat(_qkv_split(sd[a + "linear_qkv.weight"], model), dim=0).t()
+        qkv_bias = sd.get(a + "linear_qkv.bias")
+        out[hf + "attn.c_attn.bias"] = (torch.cat(_qkv_split(qkv_bias, model), dim=0) if qkv_bias is not None
+                                        else bias(a + "linear_qkv.bias", 3 * h))
+        out[hf + "attn.c_proj.weight"] = sd[a + "linear_proj.weight"].t()
+        out[hf + "attn.c_proj.bias"] = bias(a + "linear_proj.bias", h)
+        out[hf + "mlp.c_fc.weight"] = sd[mlp + "linear_fc1.weight"].t()
+        out[hf + "mlp.c_fc.bias"] = bias(mlp + "linear_fc1.bias", f)
+        out[hf + "mlp.c_proj.weight"] = sd[mlp + "linear_fc2.weight"].t()
+        out[hf + "mlp.c_proj.bias"] = bias(mlp + "linear_fc2.bias", h)
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def to_hf_for(sd: Tensors, model: Any) -> Tensors:
+    """The state dict of the Hugging Face class :func:`launch.hf_config.architecture` names for ``model``."""
+    return to_gpt2(sd, model) if hf_config.architecture(model) == hf_config.GPT2 else to_hf(sd, model)
 
 
 def from_hf(hf: Tensors, model: Any) -> Tensors:
