@@ -157,6 +157,8 @@ class EventKind(StrEnum):
                                                         "TIMEOUT with no stop checkpoint and no exit "
                                                         "(train/previous_slice.py)")
     TRAIN_END = ("train_end", "step, consumed_samples")
+    INIT_FROM = ("init_from", "source (a Hugging Face model directory), step 0 -- training.init_from set every weight "
+                              "(train/hf_bridge.py)")
     TRACKING_UNAVAILABLE = ("tracking_unavailable", "writer, detail -- a tracking package missing or failing to start "
                                                     "(train/tracking.py)")
     TRACKING_FALLBACK = ("tracking_fallback", "writer, mode, step, detail -- W&B resumed without a rewind, so redone "

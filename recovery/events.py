@@ -79,6 +79,8 @@ previous_slice_timeout     job_id_previous, restart_previous, slurm_state, last_
                            the slice before this one ended TIMEOUT with no stop checkpoint and no exit
                            (train/previous_slice.py)
 train_end                  step, consumed_samples
+init_from                  source (a Hugging Face model directory), step 0 -- training.init_from set every weight
+                           (train/hf_bridge.py)
 tracking_unavailable       writer, detail -- a tracking package missing or failing to start (train/tracking.py)
 tracking_fallback          writer, mode, step, detail -- W&B resumed without a rewind, so redone steps may show
                            twice there

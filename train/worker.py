@@ -398,7 +398,7 @@ def _train_started(ctx: RankContext, start, iters: int, watch: Any = None) -> in
         return _refuse_hf_weights(ctx, str(e))
     if hf_weights is not None:
         ctx.log(f"initialised every weight from the Hugging Face model in {hf_weights} (training.init_from)")
-        ctx.emit("init_from", source=str(hf_weights), step=0)
+        ctx.emit(EventKind.INIT_FROM, source=str(hf_weights), step=0)
     ckpt = Checkpointer(ctx, parts, start.identity)
     state = ckpt.load(start.resume)
     if tracking.is_tracking_rank():  # one rank writes TensorBoard/W&B; it purges steps past the resumed one
@@ -571,8 +571,8 @@ def _refuse_hf_weights(ctx: RankContext, detail: str) -> int:
 
     code = FINAL_REASONS["bad_config"]
     ctx.log(f"refused to start: training.init_from: {detail} (exit {code}; final: not relaunched or requeued)")
-    ctx.emit("stop", reason="bad_config", code=code, detail=detail[:2000])
-    ctx.emit("exit", reason="bad_config", code=code, step=None)
+    ctx.emit(EventKind.STOP, reason="bad_config", code=code, detail=detail[:2000])
+    ctx.emit(EventKind.EXIT, reason="bad_config", code=code, step=None)
     return code
 
 
