@@ -19,7 +19,7 @@ import re
 from typing import Any, Callable, Optional
 
 from analysis import flops
-from launch import check_data, check_watch, hf_config, planner, vocab
+from launch import check_data, check_watch, hf_config, planner, spares, vocab
 from launch.config import CHOICES, Job
 from launch.paths import NAME_MAX, run_dir_issue, run_name_issue, run_root_issue  # noqa: F401
 from launch.layout_rules import batch, features, has_size_errors, layout_problems, mesh, model_split, positive_sizes
@@ -80,7 +80,7 @@ def check(job: Job, *, path_exists: Callable[[str], bool] = os.path.exists,
     """
     problems: list[Problem] = []
     for rule in (positive_sizes, mesh, model_split, batch, features, _recipe_support, _overlap, _enums, _lifecycle,
-                 _time, _cluster, _numbers, _strings, check_watch.problems):
+                 _time, _cluster, _numbers, _strings, check_watch.problems, spares.problems):
         problems.extend(rule(job))
     problems.extend(check_data.problems(job, path_exists, read_index, load_tokenizer))
     problems.extend(hf_config.init_from_problems(job, path_exists))

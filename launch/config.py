@@ -196,6 +196,10 @@ class ClusterConfig:
     container: ContainerConfig = field(default_factory=ContainerConfig)
     sbatch_extra: Dict[str, str] = field(default_factory=dict)  # additional #SBATCH --key=value
     exclude: str = ""  # nodes to keep out (--exclude)
+    # in-job restart (recovery/injob.py): ask for nodes + spare_nodes with --no-kill; after a crash, hang or lost
+    # node the batch script starts a new srun step on `nodes` healthy nodes of the same allocation
+    spare_nodes: int = 0  # hot spares in the allocation (0 = every failure goes through the requeue path)
+    in_job_restarts: int = 3  # relaunches inside one allocation before falling back to the requeue
 
 
 @dataclass

@@ -17,6 +17,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
+from launch import spares
 from launch.config import Job
 from launch.paths import RunPaths
 
@@ -112,6 +113,8 @@ def sbatch_params(job: Job, run_dir: str | Path, failed_nodes: Sequence[str], de
     c, r = job.cluster, job.run
     extra: dict[str, Any] = {"output": f"{RunPaths.of(run_dir).logs}/%j_batch.out"}
     extra["requeue" if c.requeue_allowed else "no-requeue"] = True
+    if spares.in_job_enabled(job):  # a failed node must not end the allocation: the spares take over
+        extra["no-kill"] = True
     extra.update({k: str(v) for k, v in c.sbatch_extra.items()})
     return dict(
         job_name=r.name,
@@ -119,7 +122,7 @@ def sbatch_params(job: Job, run_dir: str | Path, failed_nodes: Sequence[str], de
         account=c.account or None,
         qos=c.qos or None,
         time=r.time_limit_min,
-        nodes=c.nodes,
+        nodes=c.nodes + (c.spare_nodes if spares.in_job_enabled(job) else 0),
         ntasks_per_node=c.gpus_per_node,
         cpus_per_task=max(1, c.cpus_per_node // max(1, c.gpus_per_node)),
         gpus_per_node=c.gpus_per_node if c.gpu != "cpu" else None,
@@ -151,6 +154,15 @@ def shell_body(job: Job, run_dir: str | Path, code_dir: str | Path) -> tuple[lis
             "stripe_count": q(c.lustre_stripe_count),
             "stripe_size": q(c.lustre_stripe_size),
         }))
+    if spares.in_job_enabled(job):
+        command = piece("srun_injob", {
+            "srun_args": " ".join(q(a) for a in srun_args(job, run_dir)),
+            "python": q(c.python),
+            "exclusion_flags": "" if c.requeue_allowed else " --no-requeue",
+            "nodes": q(c.nodes), "spare_nodes": q(c.spare_nodes), "budget": q(c.in_job_restarts),
+            "gpus": q(c.gpus_per_node if c.gpu != "cpu" else 0),
+        })
+        return setup, command
     command = piece("srun", {
         "srun_args": " ".join(q(a) for a in srun_args(job, run_dir)),
         "python": q(c.python),

@@ -10,7 +10,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from launch import blend
+from launch import blend, spares
 from launch.config import Job
 from launch.cost import cost_text
 
@@ -87,6 +87,9 @@ def summary(job: Job, run_dir: Path, *, job_ids: Sequence[str] = (), est: Any = 
         size = f"{est.checkpoint_gb:,.3g} GB" if est.checkpoint_gb >= 1 else f"{est.checkpoint_gb * 1e3:.3g} MB"
         rows.append(("checkpoint", f"{size}, save {est.save_time_s:.3g} s at "
                                    f"{c.fs_write_bandwidth_gbs:g} GB/s{every}; keep {t.keep_checkpoints}"))
+    spare_line = spares.summary_text(job, est)
+    if spare_line:
+        rows.append(("spares", spare_line))
     rows.append(("data", _data_text(job)))
     rows.append(("job", ", ".join(job_ids) + f"; run dir {run_dir}" if job_ids else
                  f"dry run: nothing written or submitted; run dir would be {run_dir}"))

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
@@ -51,6 +52,7 @@ from launch.kinds import EventKind
 from launch.paths import RunPaths
 from recovery import policy
 from recovery.events import EventLog, read_events
+from recovery.exclusion import requeue_excluding
 from recovery.slurm import Runner, Slurm, default_runner
 
 DEFAULT_MAX_RESTARTS = 20  # the schema's default (launch/config.py), when config.yaml cannot be read
@@ -123,43 +125,75 @@ def foreign_holder(run_dir: Path, job_id: str, runner: Runner = default_runner) 
     return f"{holder.describe()} ({why})"
 
 
-def requeue_after_crash(run_dir: Path, env: Mapping[str, str],
-                        runner: Runner = default_runner, *, rc: Optional[int] = None) -> tuple[int, str]:
-    """Decide for the attempt ``env`` describes; returns (exit code for the batch script, why).
+@dataclass(frozen=True)
+class Verdict:
+    """The judgement of a failed attempt: ``again`` (another attempt may train) or ``code`` and why not."""
 
-    ``rc``: srun's exit code, when the batch script passes it; a final code ends the decision."""
+    again: bool
+    why: str
+    code: int = 0  # the batch script's exit code when not ``again`` (EXIT_STORAGE for an unreadable run dir)
+    job_id: str = ""
+    restart: int = 0
+
+
+def judge(run_dir: Path, env: Mapping[str, str], runner: Runner = default_runner, *,
+          rc: Optional[int] = None) -> Verdict:
+    """May another attempt follow the one ``env`` describes? The one judgement of a failed ``srun`` step, for the
+    requeue path (:func:`requeue_after_crash`) and the in-job relaunch (:mod:`recovery.injob`) alike: writes
+    nothing. ``rc``: srun's exit code, when the batch script passes it; a final code ends the decision."""
     job_id = env.get("SLURM_JOB_ID")
     if not job_id:
-        return 0, "not under Slurm"
+        return Verdict(False, "not under Slurm")
     problem = run_dir_problem(run_dir)
     if problem:  # never create it: a missing mount would otherwise requeue without end
-        return policy.EXIT_STORAGE, (f"{problem}: not requeued (another attempt would meet the same; is its "
-                                     f"filesystem mounted on this node?)")
+        return Verdict(False, f"{problem}: not requeued (another attempt would meet the same; is its "
+                              f"filesystem mounted on this node?)", policy.EXIT_STORAGE, job_id)
     if rc is not None and rc in policy.REFUSAL_CODES:
-        return 0, (f"srun exited {rc} ({policy.code_name(rc)}): a refusal is final, another attempt would meet "
-                   f"it again; not requeued")
+        return Verdict(False, f"srun exited {rc} ({policy.code_name(rc)}): a refusal is final, another attempt "
+                              f"would meet it again; not requeued", 0, job_id)
     holder = foreign_holder(run_dir, job_id, runner)
     if holder is not None:
-        return 0, (f"this job does not hold the run lock: {holder}. This job was refused (one writer per run); "
-                   f"not requeued, nothing written into the run")
+        return Verdict(False, f"this job does not hold the run lock: {holder}. This job was refused (one writer "
+                              f"per run); not requeued, nothing written into the run", 0, job_id)
     try:
         restart = policy.restart_count_from_env(env)
     except ValueError as e:
-        return 0, f"{e}: not requeued"
-    events = RunPaths.of(run_dir).events
-    again, why = crashed(attempt_events(read_events(events), job_id, restart))
+        return Verdict(False, f"{e}: not requeued", 0, job_id)
+    again, why = crashed(attempt_events(read_events(RunPaths.of(run_dir).events), job_id, restart))
     if not again:
-        return 0, why
+        return Verdict(False, why, 0, job_id, restart)
     limit = max_restarts_of(run_dir)
     if limit is None:
         limit = DEFAULT_MAX_RESTARTS
     if restart >= limit:
-        return 0, (f"{why}; restart count {restart} reached training.max_restarts {limit}: not requeued "
-                   f"(another attempt would be refused)")
-    r = Slurm(runner).requeue(job_id)
-    log = EventLog(events, job_id=job_id, restart_count=restart)
-    ok = r.ok
-    log.emit(EventKind.REQUEUE, method="scontrol_after_crash", ok=ok, detail=why, error=None if ok else r.words)
+        return Verdict(False, f"{why}; restart count {restart} reached training.max_restarts {limit}: not requeued "
+                              f"(another attempt would be refused)", 0, job_id, restart)
+    return Verdict(True, why, 0, job_id, restart)
+
+
+def requeue_after_crash(run_dir: Path, env: Mapping[str, str],
+                        runner: Runner = default_runner, *, rc: Optional[int] = None,
+                        exclude: Sequence[str] = (), detail: str = "") -> tuple[int, str]:
+    """Decide for the attempt ``env`` describes; returns (exit code for the batch script, why).
+
+    ``rc``: srun's exit code, when the batch script passes it; a final code ends the decision. ``exclude``: hosts
+    to keep out of the next attempt (:func:`recovery.exclusion.requeue_excluding`: requeue, then the update);
+    ``detail`` is added to the reason (the in-job path says why it falls back here)."""
+    v = judge(run_dir, env, runner, rc=rc)
+    if not v.again:
+        return v.code, v.why
+    why = v.why + (f"; {detail}" if detail else "")
+    log = EventLog(RunPaths.of(run_dir).events, job_id=v.job_id, restart_count=v.restart)
+    if exclude:
+        out = requeue_excluding(v.job_id, list(exclude), runner)
+        ok, error = out.ok, None if out.ok else out.detail
+        if not ok and out.detail.startswith("job"):  # requeued, only the exclusion update failed
+            ok = True
+    else:
+        r = Slurm(runner).requeue(v.job_id)
+        ok, error = r.ok, None if r.ok else r.words
+    log.emit(EventKind.REQUEUE, method="scontrol_after_crash", ok=ok, detail=why, error=error,
+             **({"exclude": list(exclude)} if exclude else {}))
     return (policy.EXIT_REQUEUE if ok else 0), why + ("; requeued" if ok else "; scontrol requeue failed")
 
 

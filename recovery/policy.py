@@ -156,9 +156,12 @@ class Decision:
     detail: str = ""
 
 
-def restart_count_from_env(env: Mapping[str, str]) -> int:
+IN_JOB_OFFSET = "SLURMTRON_IN_JOB_OFFSET"  # in-job relaunches this job made before this step (recovery/injob.py)
+
+
+def slurm_restart_count(env: Mapping[str, str]) -> int:
     """``SLURM_RESTART_COUNT`` (set by Slurm on a requeued job), else ``SLURMTRON_RESTART_COUNT``
-    (set by the local launcher and by dependency-chain continuations), else 0."""
+    (set by the local launcher and by dependency-chain continuations), else 0: Slurm's own count."""
     for key in ("SLURM_RESTART_COUNT", "SLURMTRON_RESTART_COUNT"):
         raw = env.get(key)
         if raw not in (None, ""):
@@ -167,6 +170,19 @@ def restart_count_from_env(env: Mapping[str, str]) -> int:
             except ValueError:
                 raise ValueError(f"{key}={raw!r} is not an integer") from None
     return 0
+
+
+def restart_count_from_env(env: Mapping[str, str]) -> int:
+    """This attempt's restart count: Slurm's (:func:`slurm_restart_count`) plus the in-job relaunches the job
+    made before this step (``SLURMTRON_IN_JOB_OFFSET``, exported by the batch script's in-job loop), so every
+    ``srun`` step of an allocation is an attempt of its own for the restart limit, the zero-progress guard,
+    the event log and the hang directory, and the count never goes back after a requeue."""
+    raw = env.get(IN_JOB_OFFSET)
+    try:
+        offset = max(0, int(str(raw).strip())) if raw not in (None, "") else 0
+    except ValueError:
+        raise ValueError(f"{IN_JOB_OFFSET}={raw!r} is not an integer") from None
+    return slurm_restart_count(env) + offset
 
 
 # ---- small JSON files written atomically ------------------------------------------------

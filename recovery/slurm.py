@@ -1,5 +1,5 @@
 """The one place slurmtron talks to Slurm: every ``scontrol``, ``sacct``, ``sacctmgr``, ``sinfo``,
-``squeue`` and ``sbatch`` call goes through :class:`Slurm` and its one injected ``runner``.
+``squeue``, ``sbatch`` and ``srun`` (the in-job health check) call goes through :class:`Slurm` and its one injected ``runner``.
 
 The runner is ``subprocess.run``-compatible (``runner(argv, capture_output=True, text=True,
 timeout=...)``); the unit tests pass ``tests/fake_slurm.py::FakeSlurm`` there, the product
@@ -135,6 +135,16 @@ class Slurm:
         """The accounting event table since ``start``: ``NodeName|TimeStart|State|Reason`` rows."""
         return self.call(["sacctmgr", "-n", "-P", "show", "event", f"Nodes={','.join(hosts)}",
                           f"Start={start}", "format=NodeName,TimeStart,State,Reason"])
+
+    def step(self, hosts: Sequence[str], argv: Sequence[str], *, gpus_per_node: int = 0,
+             timeout: Optional[float] = 60) -> Reply:
+        """``srun`` one task on each of ``hosts`` inside the current allocation (a short check step), bounded by
+        ``timeout``; ``--kill-on-bad-exit=0`` so one bad node's answer does not cut the others'."""
+        opts = [f"--nodelist={','.join(hosts)}", f"--nodes={len(hosts)}", f"--ntasks={len(hosts)}",
+                "--ntasks-per-node=1", "--cpus-per-task=1", "--kill-on-bad-exit=0", "--job-name=slurmtron-health"]
+        if gpus_per_node > 0:
+            opts.append(f"--gpus-per-node={gpus_per_node}")
+        return self.call(["srun", *opts, *argv], timeout=timeout)
 
     def node_states(self, hosts: Sequence[str]) -> Reply:
         """``sinfo`` per node now: ``NodeName|State|Reason`` rows."""

@@ -14,6 +14,9 @@ the way Slurm 22.05 does on the local test cluster, keeping one job's state:
 ``fields`` adds words to ``scontrol -o show job`` (``Reason=``, ``Restarts=``, ``PreemptTime=``,
 ``EndTime=``); ``accounting`` is what ``sacct -X -o State`` says (None: accounting disabled, rc 1).
 
+``health`` answers the in-job health check (``srun`` of one task per ``--nodelist`` host): host -> ``"ok"`` or
+``"bad <why>"``; a host not in it does not answer (srun exits 1). ``scontrol show node`` gives ``NodeAddr=127.0.0.1``.
+
 ``fail`` names commands (``argv[0:2]`` joined, e.g. ``"scontrol requeue"``, or just ``"sbatch"``)
 that exit 1 with ``fail_words``; ``missing`` names programs that are not installed (the runner
 raises ``FileNotFoundError`` like ``subprocess.run``).
@@ -45,7 +48,8 @@ class FakeSlurm:
     def __init__(self, job_id: str = "77", state: str = "RUNNING", exc: str = "", attempts: Iterable = (),
                  events: Iterable = (), sinfo: Iterable = (), fail: Iterable[str] = (), fail_words: str = "",
                  missing: Iterable[str] = (), queue_polls: int = 0, on_leave: Optional[Callable[[], None]] = None,
-                 max_jobs: Optional[int] = None, fields: str = "", accounting: Optional[str] = None):
+                 max_jobs: Optional[int] = None, fields: str = "", accounting: Optional[str] = None,
+                 health: Optional[dict] = None):
         self.job_id, self.state, self.exc = job_id, state, exc
         self.attempts = list(attempts)  # sacct rows: (state, nodelist, start, end)
         self.events = list(events)  # sacctmgr rows: (node, time, state, reason)
@@ -55,6 +59,7 @@ class FakeSlurm:
         self.next_id, self.max_jobs = int(job_id), max_jobs
         self.fields = fields  # more `scontrol show job` words, e.g. "Reason=None Restarts=0 PreemptTime=None"
         self.accounting = accounting  # `sacct -X -o State` of the job ("CANCELLED by 0"); None: no slurmdbd
+        self.health = dict(health or {})  # host -> "ok" | "bad <why>"; absent: no answer
         self.calls: list[list[str]] = []
 
     def __call__(self, argv, **kwargs) -> subprocess.CompletedProcess:
@@ -104,6 +109,8 @@ class FakeSlurm:
         if argv[1:4] == ["-o", "show", "job"]:
             return self._done(argv, 0, f"JobId={self.job_id} JobState={self.state} "
                                        f"ExcNodeList={self.exc or '(null)'} NodeList=stn[1-2] {self.fields}\n")
+        if argv[1:3] == ["show", "node"]:
+            return self._done(argv, 0, f"NodeName={argv[3]} Arch=x86_64 NodeAddr=127.0.0.1 NodeHostName=localhost\n")
         if argv[1] == "requeue":
             self.state = "COMPLETING"  # requeued: pending again after the old allocation is released
             return self._done(argv, 0)
@@ -129,3 +136,9 @@ class FakeSlurm:
 
     def _sinfo(self, argv):
         return self._done(argv, 0, "\n".join(f"{n}|{s}|{r}" for n, s, r in self.sinfo) + "\n")
+
+    def _srun(self, argv):
+        hosts = next(a.split("=", 1)[1] for a in argv if a.startswith("--nodelist=")).split(",")
+        lines = [f"{h} {self.health[h]}" for h in hosts if h in self.health]
+        return self._done(argv, 0 if len(lines) == len(hosts) else 1, "\n".join(lines) + "\n",
+                          "" if len(lines) == len(hosts) else "srun: error: Nodes not responding")

@@ -612,9 +612,12 @@ def _refuse_start(ctx: RankContext, start) -> int:
 
 def _judge(ctx: RankContext):
     """Rank 0's stop judge: polls the drain request file, asks Slurm who stopped the job (recovery/stop.py)."""
+    from recovery.policy import slurm_restart_count
     from recovery.stop import Judge
 
-    return Judge(ctx.env, restart_count=ctx.restart, lead_s=ctx.job.training.signal_lead_time_s,
+    # Slurm's own count (not this step's, which adds the in-job relaunches): "Slurm already requeued the job"
+    # compares it with scontrol's Restarts=
+    return Judge(ctx.env, restart_count=slurm_restart_count(ctx.env), lead_s=ctx.job.training.signal_lead_time_s,
                  received_at=lambda: ctx.flag.received_at, stop_file=ctx.paths.stop_request)
 
 

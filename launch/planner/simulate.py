@@ -99,6 +99,131 @@ def simulate(s: Scenario, interval_h: float, *, trials: int = 2000, seed: int = 
     )
 
 
+@dataclass(frozen=True)
+class Recovery:
+    """How a failure is recovered: through the queue (``requeue``) or inside the allocation (``in_job``).
+
+    Requeue path: every failure costs ``requeue_h + queue_wait_h`` (Slurm's requeue, the queue, the
+    prologue, start-up, checkpoint load) and gives the job a new allocation. In-job restart
+    (``recovery/injob.py``): the job holds ``spares`` extra nodes; a failure costs ``in_job_h`` (detection,
+    teardown, health check, start-up, checkpoint load: no queue) while the allocation's budget of
+    ``in_job_restarts`` lasts and, when the failure lost a node (probability ``node_loss``), a spare is
+    left; otherwise it takes the requeue path, whose new allocation brings the spares and the budget back.
+    The spares are GPUs held and idle: they count in ``gpu_hours`` but do no work."""
+
+    label: str
+    queue_wait_h: float = 0.0
+    requeue_h: float = 10 / 60
+    in_job_h: float = 0.0
+    spares: int = 0
+    in_job_restarts: int = 0  # 0: every failure goes through the queue
+    node_loss: float = 0.78  # Llama 3: 78% of unexpected interruptions were (suspected) hardware
+
+
+@dataclass(frozen=True)
+class RecoveryOutcome:
+    """Many trials of one recovery path at one checkpoint interval."""
+
+    label: str
+    effective_mean: float  # work / wall
+    effective_p05: float
+    effective_p95: float
+    wall_h_mean: float
+    failures_mean: float
+    in_job_mean: float  # failures recovered in the allocation
+    requeues_mean: float  # failures that went through the queue
+    gpu_hours_mean: float  # (nodes + spares) x GPUs x wall: what the run pays for
+    work_per_gpu_hour: float  # work GPU-hours (nodes only) / GPU-hours paid
+
+
+def simulate_recovery(s: Scenario, interval_h: float, rec: Recovery, *, trials: int = 2000,
+                      seed: int = 0) -> RecoveryOutcome:
+    """Simulate ``trials`` runs of ``s`` (saving every ``interval_h`` hours) recovering as ``rec`` says.
+
+    The same draws of failure times for every ``rec`` at one seed (only the restart costs differ), so two
+    paths compare on the same failures. A spare's own failures are not modelled (it runs nothing)."""
+    if interval_h <= 0 or s.work_h <= 0 or s.node_mtbf_h <= 0 or s.nodes < 1:
+        raise ValueError(f"interval, work, MTBF and nodes must be positive: {interval_h}, {s}")
+    if rec.spares < 0 or rec.in_job_restarts < 0 or not 0 <= rec.node_loss <= 1:
+        raise ValueError(f"spares and in-job restarts must be >= 0 and node_loss in [0, 1]: {rec}")
+    rng = np.random.default_rng(seed)
+    mtbf, tau, c, w = s.job_mtbf_h, interval_h, s.save_h, s.work_h
+    seg = tau + c
+    done, wall, fails, in_job, requeues = (np.zeros(trials) for _ in range(5))
+    spares = np.full(trials, rec.spares)
+    budget = np.full(trials, rec.in_job_restarts)
+    active = np.ones(trials, dtype=bool)
+    while active.any():
+        t_fail = rng.exponential(mtbf, size=trials)
+        lost_node = rng.random(trials) < rec.node_loss
+        remaining = w - done
+        finish = remaining + np.ceil(remaining / tau - 1e-12) * c
+        finishes = active & (t_fail >= finish)
+        wall[finishes] += finish[finishes]
+        done[finishes] = w
+        failing = active & ~finishes
+        done[failing] += (np.floor(t_fail / seg) * tau)[failing]
+        inside = failing & (budget > 0) & (~lost_node | (spares > 0))
+        queued = failing & ~inside
+        wall[failing] += t_fail[failing]
+        wall[inside] += rec.in_job_h
+        wall[queued] += rec.requeue_h + rec.queue_wait_h
+        budget[inside] -= 1
+        spares[inside & lost_node] -= 1
+        budget[queued], spares[queued] = rec.in_job_restarts, rec.spares  # a new allocation
+        fails += failing
+        in_job += inside
+        requeues += queued
+        active &= ~finishes
+    eff = w / wall
+    gpus = s.nodes * s.gpus_per_node
+    paid = wall * (s.nodes + rec.spares) * s.gpus_per_node
+    return RecoveryOutcome(
+        label=rec.label, effective_mean=float(eff.mean()), effective_p05=float(np.quantile(eff, 0.05)),
+        effective_p95=float(np.quantile(eff, 0.95)), wall_h_mean=float(wall.mean()), failures_mean=float(fails.mean()),
+        in_job_mean=float(in_job.mean()), requeues_mean=float(requeues.mean()), gpu_hours_mean=float(paid.mean()),
+        work_per_gpu_hour=float((w * gpus / paid).mean()))
+
+
+def spares_per_thousand(nodes: int, per_thousand: float) -> int:
+    """Spare nodes for ``per_thousand`` per 1,000 nodes (rounded up: 1 per 1,000 of 2,048 nodes is 3)."""
+    return int(np.ceil(nodes * per_thousand / 1000 - 1e-9))
+
+
+def compare_recovery(s: Scenario, interval_h: float, *, queue_waits_min: Sequence[float] = (0, 10, 60),
+                     spares_per_1000: Sequence[float] = (0, 1, 2, 4), requeue_min: float = 10.0,
+                     in_job_min: float = 5.0, in_job_restarts: int = 3, node_loss: float = 0.78,
+                     queue_wait_for_in_job_min: float = 10.0, trials: int = 2000,
+                     seed: int = 0) -> list[RecoveryOutcome]:
+    """The requeue path at each queue wait, then in-job restart with each spare count (its fallback requeues
+    wait ``queue_wait_for_in_job_min``)."""
+    out = [simulate_recovery(s, interval_h, Recovery(f"requeue, queue {q:g} min", queue_wait_h=q / 60,
+                                                     requeue_h=requeue_min / 60, node_loss=node_loss),
+                             trials=trials, seed=seed) for q in queue_waits_min]
+    for k in spares_per_1000:
+        n = spares_per_thousand(s.nodes, k)
+        rec = Recovery(f"in-job, {k:g}/1000 spares ({n})", queue_wait_h=queue_wait_for_in_job_min / 60,
+                       requeue_h=requeue_min / 60, in_job_h=in_job_min / 60, spares=n,
+                       in_job_restarts=in_job_restarts, node_loss=node_loss)
+        out.append(simulate_recovery(s, interval_h, rec, trials=trials, seed=seed))
+    return out
+
+
+def format_recovery(s: Scenario, interval_h: float, outcomes: Sequence[RecoveryOutcome]) -> str:
+    """A table: path, effective training time (mean, 5th-95th percentile), wall, failures in job / requeued."""
+    lines = [
+        f"{s.nodes} nodes x {s.gpus_per_node} GPUs, job MTBF {s.job_mtbf_h:.3g} h, work {s.work_h:,.1f} h, "
+        f"checkpoint every {interval_h * 60:.1f} min (save {s.save_h * 3600:.3g} s)",
+        f"{'recovery':<28} {'effective':>9} {'p05-p95':>13} {'wall days':>9} {'in job':>7} {'requeued':>8} "
+        f"{'work/GPU-h':>10}",
+    ]
+    for o in outcomes:
+        lines.append(f"{o.label:<28} {100 * o.effective_mean:8.1f}% {100 * o.effective_p05:5.1f}-"
+                     f"{100 * o.effective_p95:5.1f}% {o.wall_h_mean / 24:9.2f} {o.in_job_mean:7.0f} "
+                     f"{o.requeues_mean:8.0f} {100 * o.work_per_gpu_hour:9.1f}%")
+    return "\n".join(lines)
+
+
 def compare_intervals(s: Scenario, chosen_h: Optional[float] = None, *, trials: int = 2000,
                       seed: int = 0) -> list[Outcome]:
     """The chosen interval against Young's and Daly's optima and 1/4x, 1/2x, 2x, 4x Daly."""
@@ -166,6 +291,11 @@ def main(argv: Sequence[str] | None = None, out=print) -> int:
     ap.add_argument("--restart-min", type=float, default=10.0, help="minutes from failure to training again")
     ap.add_argument("--case", choices=["llama3"], help="the published Llama 3 405B case instead of a job")
     ap.add_argument("--save-s", type=float, default=None, help="override the save time (seconds)")
+    ap.add_argument("--recovery", action="store_true",
+                    help="compare the requeue path (queue wait 0, 10, 60 min) with in-job restart (0, 1, 2, 4 spare "
+                         "nodes per 1,000) at Daly's interval instead of comparing intervals")
+    ap.add_argument("--in-job-restart-min", type=float, default=5.0,
+                    help="minutes from failure to training again inside the allocation (--recovery)")
     args = ap.parse_args(argv)
     if args.case == "llama3":
         s, chosen = llama3_scenario(args.save_s if args.save_s is not None else 142.0, args.restart_min), None
@@ -173,6 +303,12 @@ def main(argv: Sequence[str] | None = None, out=print) -> int:
         s, chosen = scenario_from_job(args.overrides, args.restart_min)
         if args.save_s is not None:
             s = Scenario(**{**s.__dict__, "save_h": args.save_s / 3600})
+    if args.recovery:
+        interval = chosen or daly_interval_s(max(s.save_h, 1e-9) * 3600, s.job_mtbf_h * 3600) / 3600
+        out(format_recovery(s, interval, compare_recovery(s, interval, requeue_min=args.restart_min,
+                                                          in_job_min=args.in_job_restart_min,
+                                                          trials=args.trials, seed=args.seed)))
+        return 0
     out(format_outcomes(s, compare_intervals(s, chosen, trials=args.trials, seed=args.seed)))
     return 0
 
