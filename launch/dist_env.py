@@ -3,7 +3,7 @@
 Two sources, checked in this order:
 
 * the Slurm task environment (``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``,
-  ``SLURM_JOB_NODELIST``): every ``srun`` task is one rank, no torchrun in between, so
+  ``SLURM_STEP_NODELIST``, else ``SLURM_JOB_NODELIST``): every ``srun`` task is one rank, no torchrun in between, so
   signals reach the trainer directly;
 * torchrun-style variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``,
   ``MASTER_PORT``), which the ``cluster=local`` launcher sets.
@@ -100,7 +100,9 @@ def from_env(
 ) -> DistEnv:
     """Read this rank's place from Slurm's or torchrun's variables (see the module docstring)."""
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env and "RANK" not in env:
-        nodes = expand(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or "") or ["127.0.0.1"]
+        # the step's nodes: with spare nodes (recovery/injob.py) the step runs on some of the allocation's
+        nodes = expand(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+                       or "") or ["127.0.0.1"]
         addr = env.get("MASTER_ADDR") or resolver(nodes[0])
         port = int(env.get("MASTER_PORT") or default_port(env.get("SLURM_JOB_ID")))
         return DistEnv(

@@ -159,7 +159,7 @@ def shell_body(job: Job, run_dir: str | Path, code_dir: str | Path) -> tuple[lis
             "srun_args": " ".join(q(a) for a in srun_args(job, run_dir)),
             "python": q(c.python),
             "exclusion_flags": "" if c.requeue_allowed else " --no-requeue",
-            "nodes": q(c.nodes), "spare_nodes": q(c.spare_nodes), "budget": q(c.in_job_restarts),
+            "nodes": q(c.nodes), "ntasks": q(c.nodes * c.gpus_per_node), "spare_nodes": q(c.spare_nodes), "budget": q(c.in_job_restarts),
             "gpus": q(c.gpus_per_node if c.gpu != "cpu" else 0),
         })
         return setup, command

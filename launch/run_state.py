@@ -21,6 +21,7 @@ from launch.compose import load_job
 from launch.config import Job
 from launch.kinds import EventKind
 from launch.paths import RunPaths
+from recovery.injob import standing
 from recovery.slurm import Runner, Slurm, default_runner
 TERMINAL = ("completed", "failed", "cancelled", "timeout", "stopped")
 _SLURM_STATE = {"PENDING": "pending", "CONFIGURING": "running", "RUNNING": "running", "COMPLETING": "running",
@@ -74,6 +75,7 @@ class RunState:
     cost: Optional[float] = None  # gpu_hours x gpu_hour_price
     log_file: Optional[str] = None
     log_tail: list = field(default_factory=list)
+    in_job: Optional[dict] = None  # with cluster.spare_nodes: in-job restarts used, spares left (recovery.injob)
     warnings: list = field(default_factory=list)
     notes: list = field(default_factory=list)  # facts that are no trouble (an asynchronous save in progress)
 
@@ -446,6 +448,7 @@ def gather(run_dir: str | Path, *, runner: Runner = default_runner, clock: Calla
     if torn:
         state.warnings.append(torn_warning(paths.events, torn).removeprefix("WARNING: "))
     _from_events(state, events)
+    state.in_job = standing(events, c.spare_nodes, c.in_job_restarts)
     sacct_text = None
     if c.launcher == "local":
         state.state, state.reason = _local_state(paths, events, alive=alive)

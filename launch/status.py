@@ -104,6 +104,10 @@ def format_state(st: RunState) -> str:
         lines.append("checkpoint none verified yet")
     intr = ", ".join(f"{k} {v}" for k, v in sorted(st.interruptions.items())) or "none"
     lines.append(f"interrupts {intr}")
+    if st.in_job:
+        j = st.in_job
+        lines.append(f"in-job     {j['used']} of {j['budget']} in-job restarts used in this allocation "
+                     f"({j['total']} in the run); spares left {j['spares_left']} of {j['spares']}")
     lines.append(f"goodput    {_pct(st.goodput)}" + (" so far" if st.goodput is not None else ""))
     if st.gpu_hours is not None:
         src = "Slurm accounting" if st.gpu_hours_source == "sacct" else "event log, worker time"

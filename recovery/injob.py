@@ -44,6 +44,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -79,6 +80,31 @@ def offset(run_dir: Path, job_id: str) -> int:
     if not job_id:
         return 0
     return len(relaunches(read_events(RunPaths.of(run_dir).events), job_id))
+
+
+def standing(events: list[dict], spares: int, budget: int) -> Optional[dict]:
+    """What ``status`` shows with spares (``None`` without): the in-job restarts used in the newest allocation
+    (those of the newest job since its last requeue: a requeue brings a new allocation, whole budget and spares),
+    the spares left, and the relaunches of the whole run."""
+    if spares <= 0:
+        return None
+    out = {"spares": spares, "budget": budget, "used": 0, "spares_left": spares,
+           "total": sum(1 for e in events if e.get("event") == EVENT)}
+    jobs = [e.get("job_id") for e in events if e.get("job_id")]
+    if not jobs:
+        return out
+    job = str(jobs[-1])
+    now: list[dict] = []
+    for e in events:
+        if str(e.get("job_id")) != job:
+            continue
+        if e.get("event") == "requeue" or (e.get("event") == "exit" and e.get("reason") == "requeue"):
+            now = []
+        elif e.get("event") == EVENT:
+            now.append(e)
+    if now:
+        out["used"], out["spares_left"] = len(now), int(now[-1].get("spares_left", spares))
+    return out
 
 
 def hang_suspects(run_dir: Path, job_id: str, restart: int) -> list[str]:
@@ -294,6 +320,11 @@ def decide(run_dir: Path, env: Mapping[str, str], *, rc: Optional[int], step_nod
     if not pick.nodes:
         return fallback(f"not enough healthy nodes in the allocation: {pick.short}",
                         sorted(set(hard) | recorded))
+    if not step and pick.nodes == previous:
+        # no rank of the step wrote anything (srun could not start it, or every rank died in its imports) and
+        # nothing is different now: the same step on the same nodes would fail the same way
+        return fallback("the step wrote no event and no node changed (srun could not start it?)",
+                        sorted(set(hard) | recorded))
     last_progress, failed_at = _times(step)
     detection = (failed_at - last_progress) if failed_at is not None and last_progress is not None else None
     teardown = started - (failed_at if failed_at is not None else (last_progress or started))
@@ -380,6 +411,8 @@ def main(argv: Optional[Sequence[str]] = None, env: Optional[Mapping[str, str]] 
     except ValueError as e:
         print(f"slurmtron in-job: {e}; {USAGE}", file=sys.stderr)
         return 2
+    if argv is None:  # the real CLI: the requeue of the fallback SIGTERMs every process of the job, this one too
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     d = decide(run_dir, env, rc=rc, step_nodes=step_nodes, budget=budget, runner=runner,
                requeue_allowed="--no-requeue" not in args, gpus=gpus)
     print(f"slurmtron in-job: {d.action}: {d.why}", file=sys.stderr, flush=True)

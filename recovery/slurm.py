@@ -139,9 +139,12 @@ class Slurm:
     def step(self, hosts: Sequence[str], argv: Sequence[str], *, gpus_per_node: int = 0,
              timeout: Optional[float] = 60) -> Reply:
         """``srun`` one task on each of ``hosts`` inside the current allocation (a short check step), bounded by
-        ``timeout``; ``--kill-on-bad-exit=0`` so one bad node's answer does not cut the others'."""
+        ``timeout``; ``--kill-on-bad-exit=0`` so one bad node's answer does not cut the others'; ``--overlap``
+        because a step cut by a lost node keeps its CPUs booked until Slurm gives up on the dead node's
+        slurmstepd (seen on Slurm 22.05: minutes; a check step without it waited out its timeout)."""
         opts = [f"--nodelist={','.join(hosts)}", f"--nodes={len(hosts)}", f"--ntasks={len(hosts)}",
-                "--ntasks-per-node=1", "--cpus-per-task=1", "--kill-on-bad-exit=0", "--job-name=slurmtron-health"]
+                "--ntasks-per-node=1", "--cpus-per-task=1", "--kill-on-bad-exit=0", "--overlap",
+                "--job-name=slurmtron-health"]
         if gpus_per_node > 0:
             opts.append(f"--gpus-per-node={gpus_per_node}")
         return self.call(["srun", *opts, *argv], timeout=timeout)

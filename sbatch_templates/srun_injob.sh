@@ -1,10 +1,13 @@
 # ---- the training step, with in-job restart on spare nodes (recovery/injob.py) ----
 # One task per GPU, each task one rank, no launcher between Slurm and the ranks (see srun.sh for why, and for
-# --signal and --kill-on-bad-exit). The allocation holds {{nodes}} + {{spare_nodes}} spare node(s) and was
-# submitted with --no-kill, so a failed node does not end it: after a crash, a hang or a lost node, a new
-# srun step starts on {{nodes}} healthy nodes of it (cluster.in_job_restarts={{budget}} times per allocation),
-# resuming from the newest verified checkpoint as after a requeue; then the requeue path takes over.
+# --signal and --kill-on-bad-exit); --ntasks, because the allocation's own count includes the spares.
+# The allocation holds {{nodes}} + {{spare_nodes}} spare node(s) and was submitted with --no-kill, so a failed node
+# does not end it: after a crash, a hang or a lost node, a new srun step starts on {{nodes}} healthy nodes of
+# it (cluster.in_job_restarts={{budget}} times per allocation), resuming from the newest verified checkpoint as
+# after a requeue; then the requeue path takes over.
 # If the node running this script fails, Slurm ends the job and --requeue brings it back.
+# --overlap: a step cut by a lost node keeps its CPUs booked until Slurm gives up on the dead node's
+# slurmstepd (minutes); its processes on the live nodes are gone, so the next step may use them.
 set +e
 # Every step is an attempt of its own (restart limit, zero-progress guard, events): its restart count is
 # Slurm's plus the relaunches this job made before it.
@@ -21,7 +24,7 @@ while :; do
     # a port per step: the previous step's rendezvous port may still be in TIME_WAIT
     export MASTER_PORT=$((20000 + (${SLURM_JOB_ID:-0} + 7919 * SLURMTRON_IN_JOB_OFFSET) % 40000))
     echo "slurmtron: step on $STEP_NODES (MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT, in-job offset $SLURMTRON_IN_JOB_OFFSET)"
-    srun --nodelist="$STEP_NODES" {{srun_args}} {{python}} -u -m train.worker "$RUN_DIR"
+    srun --nodelist="$STEP_NODES" --ntasks={{ntasks}} --overlap {{srun_args}} {{python}} -u -m train.worker "$RUN_DIR"
     rc=$?
     echo "slurmtron: srun exited $rc"
     [ $rc -eq 0 ] && exit 0

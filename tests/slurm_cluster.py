@@ -442,8 +442,8 @@ class Cluster:
         return self._sacct_state(job_id)
 
     def _sacct_state(self, job_id: str) -> str:
-        rows = self.sacct(job_id, duplicates=False)
-        return rows[0]["State"].split()[0] if rows else ""
+        rows = self.sacct(job_id, duplicates=False)  # a job that lost a node under --no-kill: RESIZING, then its end
+        return rows[-1]["State"].split()[0] if rows else ""
 
     def crash_node(self, node: str) -> List[int]:
         """A node dies: SIGKILL its slurmd and every job process on it (by PID). Returns the PIDs."""

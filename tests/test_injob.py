@@ -117,6 +117,14 @@ def test_not_enough_healthy_nodes_takes_the_requeue_path_excluding_the_failed(tm
     assert not [e for e in read_events(tmp_path / "events.jsonl") if e["event"] == "in_job_restart"]
 
 
+def test_a_step_that_never_started_is_not_relaunched_on_the_same_nodes(tmp_path: Path) -> None:
+    (tmp_path / "events.jsonl").write_text("")
+    slurm = FakeSlurm(health=HEALTHY)
+    d = decide(tmp_path, slurm)
+    assert d.action == "requeue" and "wrote no event and no node changed" in d.why, d.why
+    assert slurm.called("scontrol", "requeue", "77")
+
+
 def test_a_spent_budget_takes_the_requeue_path(tmp_path: Path) -> None:
     crashed_step(tmp_path)
     first = decide(tmp_path, FakeSlurm(health=HEALTHY), budget=1)
@@ -220,7 +228,7 @@ def test_spares_render_no_kill_and_nodes_plus_spares_golden() -> None:
         GOLDEN.write_text(script)
     assert script == GOLDEN.read_text(), "rendered script differs from golden/sbatch_slurm_local_spares.sh"
     assert "#SBATCH --nodes=3\n" in script and "#SBATCH --no-kill\n" in script
-    assert '--nodelist="$STEP_NODES" --kill-on-bad-exit=1 --nodes=2 ' in script
+    assert '--nodelist="$STEP_NODES" --ntasks=4 --overlap --kill-on-bad-exit=1 --nodes=2 ' in script
     assert subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True).returncode == 0
 
 
@@ -270,3 +278,21 @@ def test_in_job_restart_beats_a_queue_wait_and_spares_raise_the_share_in_job() -
     assert q60.effective_mean < q0.effective_mean < four.effective_mean
     assert none.in_job_mean < four.in_job_mean and four.requeues_mean < none.requeues_mean
     assert spares_per_thousand(2048, 1) == 3 and spares_per_thousand(1000, 0) == 0
+
+
+def test_status_shows_the_in_job_restarts_used_and_the_spares_left(tmp_path: Path) -> None:
+    from launch.status import format_state
+    from launch.run_state import RunState
+
+    crashed_step(tmp_path)
+    slurm = FakeSlurm(sinfo=[("stn2", "down*", "Not responding")], health=HEALTHY)
+    decide(tmp_path, slurm)
+    events = read_events(tmp_path / "events.jsonl")
+    assert injob.standing(events, 0, 3) is None
+    now = injob.standing(events, 1, 3)
+    assert now == {"spares": 1, "budget": 3, "used": 1, "spares_left": 0, "total": 1}
+    text = format_state(RunState(run="r", run_dir=str(tmp_path), in_job=now))
+    assert "in-job     1 of 3 in-job restarts used in this allocation (1 in the run); spares left 0 of 1" in text
+    EventLog(tmp_path / "events.jsonl", job_id="77", restart_count=1).emit("requeue", method="scontrol_after_crash")
+    after = injob.standing(read_events(tmp_path / "events.jsonl"), 1, 3)
+    assert (after["used"], after["spares_left"], after["total"]) == (0, 1, 1)

@@ -334,6 +334,47 @@ def slow_cancel(cluster: Cluster, d: Path) -> Run:
     return finish(cluster, run)
 
 
+def in_job(cluster: Cluster, d: Path) -> Run:
+    """In-job restart: 3 nodes (2 + 1 spare, --no-kill), TP2 x DP2, 1 s per step, a checkpoint every 5 steps.
+
+    After the step-5 checkpoint rank 1 is SIGKILLed (a crash: relaunched in the job on the same nodes); after the
+    relaunch's step-10 checkpoint the step's second node dies (its slurmd and its ranks SIGKILLed): the job goes
+    on with the spare, under the same job id and without a requeue."""
+    import os
+    import signal
+
+    run = submit(cluster, d / "injob", "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=1",
+                 "cluster.spare_nodes=1", "training.checkpoint_interval=5")
+    wait_step(run, 7)
+    wait_committed(run, 5)
+    pid = rank_pid(run.job_id, 1)
+    assert pid, run.logs()
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: run.of("in_job_restart"), TRAIN_TIMEOUT, f"job {run.job_id} to relaunch in the job", interval=1)
+    wait_until(lambda: any(e["step"] >= 12 and e["restart_count"] == 1 for e in run.of("iteration")), TRAIN_TIMEOUT,
+               f"job {run.job_id} to reach step 12 after the relaunch", interval=1)
+    wait_committed(run, 10)
+    node = run.of("in_job_restart")[-1]["nodes"][1]
+    run.seen["node"] = node
+    run.seen["killed"] = cluster.crash_node(node)
+    try:  # the node stays dead until the job ends, as a failed node does
+        wait_until(lambda: len(run.of("in_job_restart")) >= 2, TRAIN_TIMEOUT,
+                   f"job {run.job_id} to go on without {node}", interval=1)
+        finish(cluster, run, timeout=2 * TRAIN_TIMEOUT)
+    finally:
+        cluster.restart_slurmd(node)
+    wait_until(lambda: cluster.node_state(node) in ("idle", "mix", "alloc"), 120, f"{node} back in service")
+    return run
+
+
+def in_job_budget(cluster: Cluster, d: Path) -> Run:
+    """A deterministic crash (step 3, every step) with 1 spare and cluster.in_job_restarts=1: relaunched once in
+    the job, then the budget is spent (the requeue path), then the zero-progress guard stops it."""
+    run = submit(cluster, d / "injobbudget", "parallelism=tp2", "run.time_limit_min=10", f"{FAIL_AT}=3",
+                 "cluster.spare_nodes=1", "cluster.in_job_restarts=1", "training.zero_progress_restarts=2")
+    return finish(cluster, run, timeout=2 * TRAIN_TIMEOUT)
+
+
 def report_causes(cluster: Cluster, run: Run, out: Path) -> Dict[int, str]:
     """analysis/report.py on the run (with its sacct -D dump beside it): cause per interrupted attempt."""
     import csv
@@ -361,6 +402,8 @@ SCENARIOS: Dict[str, Callable[[Cluster, Path], object]] = {  # two at a time, in
     "user_requeue": user_requeue,
     "admin_requeue": admin_requeue,
     "slow_cancel": slow_cancel,
+    "in_job": in_job,
+    "in_job_budget": in_job_budget,
 }
 
 
@@ -381,6 +424,8 @@ NEEDS = {  # test -> the scenarios it reads; only those of the selected tests ru
     "test_admin_scontrol_requeue_is_a_user_requeue": ["admin_requeue"],
     "test_a_cancel_slower_than_killwait_is_reported_as_the_cancel": ["slow_cancel"],
     "test_status_after_a_drain_says_stopped_and_how_to_continue": ["drain"],
+    "test_in_job_crash_then_lost_node_continue_in_the_same_job_with_equal_losses": ["in_job", "completes"],
+    "test_in_job_budget_spent_requeues_and_a_deterministic_crash_stops": ["in_job_budget"],
 }
 
 
@@ -716,3 +761,38 @@ def test_status_after_a_drain_says_stopped_and_how_to_continue(scenarios: Dict[s
     assert f"stopped (user_stop at step {stop_step}; continue with:" in st.stdout, st.stdout
     assert "worker logged no completion" not in st.stdout and "ETA" not in st.stdout, st.stdout
     assert "log analysis failed" not in st.stdout + st.stderr
+
+
+def test_in_job_crash_then_lost_node_continue_in_the_same_job_with_equal_losses(scenarios: Dict[str, Future],
+                                                                               slurm_cluster: Cluster) -> None:
+    run, ref = result(scenarios, "in_job"), result(scenarios, "completes")
+    # Slurm: one job id, never requeued (the lost node only resized the allocation), completed
+    assert "REQUEUED" not in states(run) and states(run)[-1] == "COMPLETED", run.logs()
+    assert run.restarts == 0 and {r["JobID"] for r in run.sacct} == {run.job_id}
+    crash, lost = run.of("in_job_restart")
+    # the crash: relaunched in the job on the same nodes
+    assert crash["cause"] == "crash" and crash["nodes"] == crash["failed_nodes"] and not crash["spare_used"], run.logs()
+    # the lost node: the spare replaced it, and it was not used again
+    node = run.seen["node"]
+    assert lost["cause"] == "lost_node" and node in lost["avoided"] and node not in lost["nodes"], run.logs()
+    assert lost["spare_used"] and lost["spare_used"][0] not in crash["nodes"]
+    assert [e["restart_count"] for e in run.of("job_start")] == [0, 1, 2]
+    assert node not in run.of("job_start")[-1]["nodes"], run.logs()
+    assert node in [n["host"] for n in json.loads((run.dir / "failed_nodes.json").read_text())]
+    assert [(e["restart_count"], e["step"]) for e in run.of("resume")] == [(1, 5), (2, 10)], run.logs()
+    assert not run.of("requeue")
+    # training: the uninterrupted run's losses
+    assert run.step_reached() == ITERS and run.losses() == ref.losses(), run.logs()
+
+
+def test_in_job_budget_spent_requeues_and_a_deterministic_crash_stops(scenarios: Dict[str, Future]) -> None:
+    run = result(scenarios, "in_job_budget")
+    # step r0 crashed -> relaunched in the job (budget 1); r1 crashed -> budget spent -> requeued (the requeue
+    # path); the requeued attempt's step r2 is refused by the zero-progress guard: exit 3, not relaunched
+    assert states(run) == ["REQUEUED", "FAILED"], run.logs()
+    assert [(e["restart_count"], e["cause"]) for e in run.of("in_job_restart")] == [(0, "crash")], run.logs()
+    assert [(e["restart_count"], e["method"]) for e in run.of("requeue")] == [(1, "scontrol_after_crash")]
+    assert "in-job budget is spent" in run.of("requeue")[0]["detail"]
+    assert [(e["restart_count"], e["reason"]) for e in run.of("stop")] == \
+        [(0, "crash"), (1, "crash"), (2, "zero_progress")], run.logs()
+    assert run.step_reached() == 2 and not run.of("checkpoint_saved")

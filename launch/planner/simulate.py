@@ -296,6 +296,8 @@ def main(argv: Sequence[str] | None = None, out=print) -> int:
                          "nodes per 1,000) at Daly's interval instead of comparing intervals")
     ap.add_argument("--in-job-restart-min", type=float, default=5.0,
                     help="minutes from failure to training again inside the allocation (--recovery)")
+    ap.add_argument("--in-job-restarts", type=int, default=3,
+                    help="in-job restarts per allocation before the requeue path (--recovery)")
     args = ap.parse_args(argv)
     if args.case == "llama3":
         s, chosen = llama3_scenario(args.save_s if args.save_s is not None else 142.0, args.restart_min), None
@@ -307,6 +309,7 @@ def main(argv: Sequence[str] | None = None, out=print) -> int:
         interval = chosen or daly_interval_s(max(s.save_h, 1e-9) * 3600, s.job_mtbf_h * 3600) / 3600
         out(format_recovery(s, interval, compare_recovery(s, interval, requeue_min=args.restart_min,
                                                           in_job_min=args.in_job_restart_min,
+                                                          in_job_restarts=args.in_job_restarts,
                                                           trials=args.trials, seed=args.seed)))
         return 0
     out(format_outcomes(s, compare_intervals(s, chosen, trials=args.trials, seed=args.seed)))

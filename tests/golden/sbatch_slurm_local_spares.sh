@@ -48,11 +48,14 @@ echo "slurmtron: MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
 export SUBMITIT_EXECUTOR=slurm
 # ---- the training step, with in-job restart on spare nodes (recovery/injob.py) ----
 # One task per GPU, each task one rank, no launcher between Slurm and the ranks (see srun.sh for why, and for
-# --signal and --kill-on-bad-exit). The allocation holds 2 + 1 spare node(s) and was
-# submitted with --no-kill, so a failed node does not end it: after a crash, a hang or a lost node, a new
-# srun step starts on 2 healthy nodes of it (cluster.in_job_restarts=3 times per allocation),
-# resuming from the newest verified checkpoint as after a requeue; then the requeue path takes over.
+# --signal and --kill-on-bad-exit); --ntasks, because the allocation's own count includes the spares.
+# The allocation holds 2 + 1 spare node(s) and was submitted with --no-kill, so a failed node
+# does not end it: after a crash, a hang or a lost node, a new srun step starts on 2 healthy nodes of
+# it (cluster.in_job_restarts=3 times per allocation), resuming from the newest verified checkpoint as
+# after a requeue; then the requeue path takes over.
 # If the node running this script fails, Slurm ends the job and --requeue brings it back.
+# --overlap: a step cut by a lost node keeps its CPUs booked until Slurm gives up on the dead node's
+# slurmstepd (minutes); its processes on the live nodes are gone, so the next step may use them.
 set +e
 # Every step is an attempt of its own (restart limit, zero-progress guard, events): its restart count is
 # Slurm's plus the relaunches this job made before it.
@@ -69,7 +72,7 @@ while :; do
     # a port per step: the previous step's rendezvous port may still be in TIME_WAIT
     export MASTER_PORT=$((20000 + (${SLURM_JOB_ID:-0} + 7919 * SLURMTRON_IN_JOB_OFFSET) % 40000))
     echo "slurmtron: step on $STEP_NODES (MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT, in-job offset $SLURMTRON_IN_JOB_OFFSET)"
-    srun --nodelist="$STEP_NODES" --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=2 --cpus-per-task=2 --open-mode=append --output=/runs/golden/logs/%j_%t.out python3 -u -m train.worker "$RUN_DIR"
+    srun --nodelist="$STEP_NODES" --ntasks=4 --overlap --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=2 --cpus-per-task=2 --open-mode=append --output=/runs/golden/logs/%j_%t.out python3 -u -m train.worker "$RUN_DIR"
     rc=$?
     echo "slurmtron: srun exited $rc"
     [ $rc -eq 0 ] && exit 0
