@@ -117,6 +117,11 @@ class EventKind(StrEnum):
                                               "than a step plus a save")
     REQUEUE = ("requeue", "method (scontrol|exit_code|scontrol_after_crash|slurm), step, signal, job_id_requeued, ok, "
                           "detail, error")
+    IN_JOB_RESTART = ("in_job_restart", "cause (crash|hang|lost_node), detail, slurm_restart, next_restart_count, "
+                                        "failed_nodes, nodes, master_addr, avoided {host: why}, spare_used, "
+                                        "suspects_kept, used, budget, spares_left, phases {detection_s, teardown_s, "
+                                        "queue_wait_s, health_check_s} -- a failed step relaunched inside the "
+                                        "allocation (recovery/injob.py)")
     FAILED_NODE = ("failed_node", "host, source -- a node a NODE_FAIL (sacct), a hang twice or a hardware fault "
                                   "came from (recovery/exclusion.py)")
     EXCLUDE = ("exclude", "hosts, ok, detail; bad_here (recorded failed nodes in this allocation: it requeues away), "

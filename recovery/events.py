@@ -40,6 +40,10 @@ lead_time_warning          lead_s, step_s, save_s, wait_s, detail -- the signal 
                            save
 requeue                    method (scontrol|exit_code|scontrol_after_crash|slurm), step, signal, job_id_requeued,
                            ok, detail, error
+in_job_restart             cause (crash|hang|lost_node), detail, slurm_restart, next_restart_count, failed_nodes,
+                           nodes, master_addr, avoided {host: why}, spare_used, suspects_kept, used, budget,
+                           spares_left, phases {detection_s, teardown_s, queue_wait_s, health_check_s} -- a failed
+                           step relaunched inside the allocation (recovery/injob.py)
 failed_node                host, source -- a node a NODE_FAIL (sacct), a hang twice or a hardware fault came from
                            (recovery/exclusion.py)
 exclude                    hosts, ok, detail; bad_here (recorded failed nodes in this allocation: it requeues

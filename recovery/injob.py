@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Optional, Sequence
 
+from launch.kinds import EventKind
 from launch.paths import RunPaths
 from recovery import crash, policy
 from recovery.events import EventLog, read_events
@@ -61,7 +62,7 @@ from recovery.slurm import Runner, Slurm, default_runner
 from recovery.watchdog import hang_dir
 
 EXIT_RELAUNCH, EXIT_STOP = 0, 1
-EVENT = "in_job_restart"
+EVENT = EventKind.IN_JOB_RESTART
 HEALTH_TIMEOUT_S = 60.0  # the whole health-check step; a node that does not answer within it is not healthy
 MIN_FREE_BYTES = 1 << 30  # the run directory's filesystem must have this much free (a checkpoint needs room)
 _HOST = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*$")
@@ -98,9 +99,10 @@ def standing(events: list[dict], spares: int, budget: int) -> Optional[dict]:
     for e in events:
         if str(e.get("job_id")) != job:
             continue
-        if e.get("event") == "requeue" or (e.get("event") == "exit" and e.get("reason") == "requeue"):
+        kind = e.get("event")
+        if kind == EventKind.REQUEUE or (kind == EventKind.EXIT and e.get("reason") == "requeue"):
             now = []
-        elif e.get("event") == EVENT:
+        elif kind == EVENT:
             now.append(e)
     if now:
         out["used"], out["spares_left"] = len(now), int(now[-1].get("spares_left", spares))
@@ -253,8 +255,9 @@ class Decision:
 def _times(events: list[dict]) -> tuple[Optional[float], Optional[float]]:
     """(last progress, the failure's record) of a step: its last iteration or checkpoint or start, and its
     stop/hang event (None when the step was killed before writing one)."""
-    progress = [e.get("time") for e in events if e.get("event") in ("iteration", "checkpoint_saved", "job_start")]
-    failed = [e.get("time") for e in events if e.get("event") in ("stop", "hang")]
+    marks = (EventKind.ITERATION, EventKind.CHECKPOINT_SAVED, EventKind.JOB_START)
+    progress = [e.get("time") for e in events if e.get("event") in marks]
+    failed = [e.get("time") for e in events if e.get("event") in (EventKind.STOP, EventKind.HANG)]
     num = [t for t in progress if isinstance(t, (int, float))]
     fnum = [t for t in failed if isinstance(t, (int, float))]
     return (max(num) if num else None), (min(fnum) if fnum else None)
@@ -264,7 +267,7 @@ def cause_of(step_events: list[dict], lost: Sequence[str]) -> str:
     """``lost_node``, ``hang`` or ``crash``."""
     if lost:
         return "lost_node"
-    if any(e.get("event") == "exit" and e.get("reason") == "hang" for e in step_events):
+    if any(e.get("event") == EventKind.EXIT and e.get("reason") == "hang" for e in step_events):
         return "hang"
     return "crash"
 
