@@ -56,7 +56,8 @@ def summary_text(job: Job, est: Any = None) -> Optional[str]:
         text += " (off: training.requeue_on_crash=false or cluster.in_job_restarts=0)"
     wall_h = getattr(est, "wall_time_h_total", None) if est is not None else None
     if wall_h:
-        text += (f"; idle {gpus} {what} x {wall_h:,.3g} h = {gpus * wall_h:,.4g} {what[:-1] if what == 'GPUs' else 'process'}"
+        one = "GPU" if what == "GPUs" else "process"
+        text += (f"; idle {gpus} {what} x {wall_h:,.3g} h = {gpus * wall_h:,.4g} {one}"
                  f"-hours (+{100 * c.spare_nodes / c.nodes:.0f}%)")
         saved = saving_h(job, est)
         if saved is not None:
