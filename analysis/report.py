@@ -21,7 +21,7 @@ if __name__ == "__main__":  # run as a script: make the repository root importab
 
 import pandas as pd  # noqa: E402
 
-from analysis import figures  # noqa: E402
+from analysis import figures, spend  # noqa: E402
 from analysis.interruptions import build_attempts, goodput, interruptions
 from analysis.load import RunInputs, load_paths
 from analysis.mfu import (
@@ -203,7 +203,17 @@ def _summary(run: RunInputs, res: dict) -> dict:
         "hardware_faults": _hardware_counts(run.events),
         # the last attempt ended TIMEOUT with no stop checkpoint and nothing requeued it (analysis/slice_end.py)
         "ended_unanswered_timeout": report_line(run.sacct, run.events, run.config, run.name),
+        "spend": spend.of_run(run.config, _records(run.events), _allocations(run.sacct)),
     }
+
+
+def _allocations(sacct: Optional[pd.DataFrame]) -> list:
+    """Slurm's (GPUs, elapsed seconds) of each allocation (every attempt), for the spend ledger."""
+    if sacct is None or sacct.empty or not {"is_alloc", "elapsed_s"} <= set(sacct):
+        return []
+    alloc = sacct[sacct["is_alloc"].astype(bool) & sacct["elapsed_s"].notna()]
+    gpus = alloc["gpus"] if "gpus" in alloc else [None] * len(alloc)
+    return [(None if g is None or g != g else float(g), float(e)) for g, e in zip(gpus, alloc["elapsed_s"])]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -390,6 +400,7 @@ def run_blocks(name: str, s: dict, res: dict, args: argparse.Namespace, mfu_reas
                 *([f"node hardware faults the ranks named, each node excluded: {counts(s['hardware_faults'])}"]
                   if s.get("hardware_faults") else []),
                 f"goodput {pct(s['goodput']['goodput'])}; {mfu}" + "".join(f"; {x}" for x in (tflops, tokens) if x),
+                f"spend: {s['spend']['line']}",
                 f"steps with a throughput regression (rolling {args.window} steps vs the baseline, "
                 f"+{args.threshold:.0%} slower): {s['regressed_steps']}",
                 "straggler ranks (median step time > 1.1x the ranks' median): " + (", ".join(strag) or "none")]

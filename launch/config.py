@@ -302,7 +302,7 @@ class RunConfig:
     dir: str = ""  # '' = <cluster.run_root>/<name>
     time_limit_min: int = 60  # --time for each job (slice) of the run
     dependency_chain: int = 0  # >0: pre-submit N afterany continuations (sites without requeue)
-    budget_gpu_hours: Optional[float] = None  # refuse submission if the estimate exceeds this
+    budget_gpu_hours: Optional[float] = None  # GPU-hours (process-hours on cpu): refuse an estimate over it; the ranks stop at it
 
 
 @dataclass

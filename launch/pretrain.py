@@ -27,7 +27,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from launch import planner  # noqa: E402
+from launch import ledger, planner  # noqa: E402
 from launch.check import check, notes, run_dir_problems, submission_problems  # noqa: E402
 from launch.cli import interpolation_refusal, job_or_refusal, usage  # noqa: E402,F401 (one refusal path)
 from launch.compose import job_to_yaml, literal_dollars, load_job  # noqa: E402
@@ -333,6 +333,7 @@ def _main(cfg: DictConfig, *, runner: Runner, out: TextIO, err: TextIO, sweep: O
     if not job.dry_run:
         more, warnings = writer_problems(job, run_dir, runner)
         problems += more
+        problems += ledger.budget_problems(job, run_dir, runner=runner)
         for line in warnings:
             print(line, file=err)
     if problems:

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from analysis import spend
 from launch.compose import load_job
 from launch.config import Job
 from launch.kinds import EventKind
@@ -73,6 +74,8 @@ class RunState:
     gpu_hours_source: str = ""  # sacct (allocations, as billed) | events (worker time, excluding start-up)
     gpu_hour_price: Optional[float] = None  # cluster.gpu_hour_price
     cost: Optional[float] = None  # gpu_hours x gpu_hour_price
+    budget_gpu_hours: Optional[float] = None  # run.budget_gpu_hours
+    projected_gpu_hours: Optional[float] = None  # gpu_hours + the steps left at the measured step time
     log_file: Optional[str] = None
     log_tail: list = field(default_factory=list)
     in_job: Optional[dict] = None  # with cluster.spare_nodes: in-job restarts used, spares left (recovery.injob)
@@ -155,6 +158,8 @@ def _ended_state(events: list[dict]) -> tuple[str, str]:
             reason = str(e.get("reason") or "")
             if reason == "completed":
                 return "completed", ""
+            if reason == "budget":
+                return "stopped", _budget_reason(e)
             if reason in ("requeue", "signal", "stopped"):  # stopped: a drain/stop request (launch/stop.py)
                 who = next((f" by {x.get('reason')}" for x in reversed(events) if x.get("event") == EventKind.STOP
                             and x.get("job_id") == e.get("job_id") and x.get("restart_count") == e.get("restart_count")),
@@ -167,6 +172,11 @@ def _ended_state(events: list[dict]) -> tuple[str, str]:
         if kind == "job_start":
             return "stopped", "the last attempt ended without an exit event (killed?)"
     return "unknown", ""
+
+
+def _budget_reason(exit_event: dict) -> str:
+    return (f"budget: run.budget_gpu_hours spent at step {exit_event.get('step')} (checkpointed); raise "
+            "run.budget_gpu_hours and run the same command to continue")
 
 
 def _tail(path: Path, lines: int) -> list[str]:
@@ -293,6 +303,11 @@ def _count_attempts(state: RunState, events: list[dict], sacct: Any) -> None:
 def _explain_end(state: RunState, events: list[dict], job: Job) -> None:
     """Slurm's end state, read with the worker's own last word: a drained run is ``stopped``, not ``completed``;
     a slice that ended TIMEOUT without its stop checkpoint says so; each with how to continue."""
+    if state.state == "failed" and state.job_id:  # the ranks' budget stop exits 16: Slurm says FAILED
+        mine = [e for e in events if str(e.get("job_id")) == state.job_id and e.get("event") == "exit"]
+        if mine and mine[-1].get("reason") == "budget":
+            state.state, state.reason = "stopped", _budget_reason(mine[-1])
+            return
     if state.state not in ("completed", "cancelled", "timeout") or not state.job_id:
         return
     from analysis.slice_end import attempt_events, continue_hint, timeout_line, unanswered_timeout
@@ -351,25 +366,25 @@ def _sacct_gpu_hours(state: RunState, sacct) -> None:
 
 def _event_gpu_hours(state: RunState, events: list[dict], now: float) -> None:
     """GPU-hours from the event log where Slurm has no record (``cluster=local``, sacct unavailable): each
-    attempt from its ``job_start`` to its last event (to now while it runs) x its world size."""
-    from launch.cost import gpu_hours
+    attempt from its ``job_start`` to its last event (to now while it runs) x its world size
+    (:func:`analysis.spend.event_spans`)."""
+    spans = spend.event_spans(events, now=now if state.state == "running" else None, world_size=state.world_size)
+    if spans:
+        state.gpu_hours, state.gpu_hours_source = spend.hours(spans), "events"
 
-    spans, start, last, world = [], None, None, 0
-    for e in events:
-        t = e.get("time")
-        if not isinstance(t, (int, float)):
-            continue
-        if not math.isfinite(t):
-            continue
-        if e.get("event") == EventKind.JOB_START:
-            if start is not None:
-                spans.append((world, last - start))
-            start, world = float(t), _whole(e.get("world_size")) or state.world_size
-        last = float(t)
-    if start is None:
+
+def _budget(state: RunState, job: Job) -> None:
+    """The budget, the spend projected to the target, and a WARNING when the projection passes the budget."""
+    state.budget_gpu_hours = job.run.budget_gpu_hours
+    if state.gpu_hours is None or state.target is None or state.step is None or state.finished:
         return
-    spans.append((world, (now if state.state == "running" else last) - start))
-    state.gpu_hours, state.gpu_hours_source = gpu_hours(spans), "events"
+    state.projected_gpu_hours = spend.project(state.gpu_hours, state.target - state.step, state.step_time_s,
+                                              state.world_size)
+    led = spend.Ledger(state.gpu_hours, state.gpu_hours_source, state.budget_gpu_hours, state.projected_gpu_hours)
+    if led.budget and led.projected is not None and led.projected > led.budget and not led.over:
+        state.warnings.append(f"the spend projected to the target ({spend.fmt(led.projected)}) passes "
+                              f"run.budget_gpu_hours ({spend.fmt(led.budget)}): the run will stop itself at the "
+                              "budget; raise it and resubmit to reach the target")
 
 
 def _whole(value: object) -> Optional[int]:
@@ -484,6 +499,7 @@ def gather(run_dir: str | Path, *, runner: Runner = default_runner, clock: Calla
 
     state.gpu_hour_price = c.gpu_hour_price
     state.cost = cost(state.gpu_hours, c.gpu_hour_price)
+    _budget(state, job)
     if state.mfu_now is None and not state.mfu_note and state.step is not None:
         state.mfu_note = f"no MFU: unknown peak for cluster.gpu {c.gpu!r}"
     _checkpoint(state, paths, clock())

@@ -23,6 +23,7 @@ if __package__ in (None, ""):  # python launch/status.py: make the repository im
     sys.path[:] = [str(Path(__file__).resolve().parent.parent)] + [
         p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
+from analysis.spend import fmt  # noqa: E402
 from launch.cost import cost_text, unit  # noqa: E402
 from launch.paths import (  # noqa: E402
     RunDirError, RunPaths, given_run_dir, resolved, run_dir_for, run_name_issue, run_root_problem)
@@ -115,6 +116,13 @@ def format_state(st: RunState) -> str:
         lines.append(f"cost       {priced}" if priced else
                      f"used       {st.gpu_hours:,.3g} {unit(st.gpu)} so far (from the {src}; "
                      "set cluster.gpu_hour_price for a cost)")
+    if st.budget_gpu_hours or st.projected_gpu_hours is not None:
+        u = unit(st.gpu)
+        b = f"{fmt(st.gpu_hours or 0.0)} of {fmt(st.budget_gpu_hours)} {u} ({100 * (st.gpu_hours or 0.0) / st.budget_gpu_hours:.1f}%)" \
+            if st.budget_gpu_hours else "no run.budget_gpu_hours"
+        if st.projected_gpu_hours is not None:
+            b += f"; projected {fmt(st.projected_gpu_hours)} {u} at the target"
+        lines.append(f"budget     {b}")
     if st.mfu_now is not None or st.mfu_estimate is not None:
         tok = f"; {st.tokens_per_s:,.0f} tokens/s" if st.tokens_per_s else ""
         lines.append(f"MFU        {_pct(st.mfu_now)} now vs {_pct(st.mfu_estimate)} estimated{tok}")

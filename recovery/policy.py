@@ -37,10 +37,15 @@ code  name                  meaning
 16    EXIT_REPLAY_MISMATCH  stopped: the steps replayed after a resume do not reproduce the losses the
                             lost attempt logged (recovery/replay.py, training.replay.on_mismatch=stop, the
                             default when bitwise was expected); nothing deleted: the checkpoint is where it was
+17    EXIT_BUDGET           stopped: the run's spend reached run.budget_gpu_hours; a verified
+                            checkpoint was saved; raise the budget and resubmit (train/budget.py)
+18    EXIT_OOM              stopped: out of GPU memory; the memory summary is under the run
+                            directory's oom/ (train/memory.py): a deterministic OOM does not fix
+                            itself on a requeue
 42    EXIT_REQUEUE          stop signal -> checkpoint committed -> asked Slurm to requeue
 ====  ====================  ==============================================================
 
-Codes 3-16 are final (:data:`REFUSAL_CODES`): neither the local launcher nor ``recovery.crash`` starts another
+Codes 3-18 are final (:data:`REFUSAL_CODES`): neither the local launcher nor ``recovery.crash`` starts another
 attempt after them, because another attempt would meet the same refusal (a full disk does
 not empty itself; an unreadable file does not fix its permissions). The run stops with the
 reason in ``events.jsonl`` (a ``stop`` event) and on the terminal.
@@ -117,6 +122,8 @@ EXIT_SHARED_CKPT = 13
 EXIT_BAD_CONFIG = 14
 EXIT_CKPT_MISMATCH = 15
 EXIT_REPLAY_MISMATCH = 16
+EXIT_BUDGET = 17  # run.budget_gpu_hours spent: stopped with a verified checkpoint (raise it and resubmit)
+EXIT_OOM = 18  # out of GPU memory: the memory summary written under <run_dir>/oom/
 EXIT_REQUEUE = 42
 
 # stop reason -> exit code, for every final stop (no requeue, no relaunch)
@@ -135,6 +142,8 @@ FINAL_REASONS = {
     "bad_config": EXIT_BAD_CONFIG,
     "checkpoint_mismatch": EXIT_CKPT_MISMATCH,
     "replay_mismatch": EXIT_REPLAY_MISMATCH,
+    "budget": EXIT_BUDGET,
+    "oom": EXIT_OOM,
 }
 REFUSAL_CODES = tuple(sorted(set(FINAL_REASONS.values())))  # "do not retry": never requeued or relaunched
 FINAL_CODES = (EXIT_COMPLETED,) + REFUSAL_CODES

@@ -11,6 +11,7 @@ the way Slurm 22.05 does on the local test cluster, keeping one job's state:
   expected start on stderr; after ``max_jobs`` jobs it refuses with ``fail_words`` (a QOS limit);
 * ``squeue -j`` lists the job ``queue_polls`` times, calls ``on_leave`` once, then lists nothing.
 
+``usage`` holds the rows of the spend ledger's ``sacct --format=JobID,ElapsedRaw,AllocTRES,State``.
 ``fields`` adds words to ``scontrol -o show job`` (``Reason=``, ``Restarts=``, ``PreemptTime=``,
 ``EndTime=``); ``accounting`` is what ``sacct -X -o State`` says (None: accounting disabled, rc 1).
 
@@ -49,7 +50,7 @@ class FakeSlurm:
                  events: Iterable = (), sinfo: Iterable = (), fail: Iterable[str] = (), fail_words: str = "",
                  missing: Iterable[str] = (), queue_polls: int = 0, on_leave: Optional[Callable[[], None]] = None,
                  max_jobs: Optional[int] = None, fields: str = "", accounting: Optional[str] = None,
-                 health: Optional[dict] = None):
+                 health: Optional[dict] = None, usage: Iterable = ()):
         self.job_id, self.state, self.exc = job_id, state, exc
         self.attempts = list(attempts)  # sacct rows: (state, nodelist, start, end)
         self.events = list(events)  # sacctmgr rows: (node, time, state, reason)
@@ -60,6 +61,7 @@ class FakeSlurm:
         self.fields = fields  # more `scontrol show job` words, e.g. "Reason=None Restarts=0 PreemptTime=None"
         self.accounting = accounting  # `sacct -X -o State` of the job ("CANCELLED by 0"); None: no slurmdbd
         self.health = dict(health or {})  # host -> "ok" | "bad <why>"; absent: no answer
+        self.usage = list(usage)  # sacct rows of the spend ledger: (elapsed seconds, AllocTRES, state)
         self.calls: list[list[str]] = []
 
     def __call__(self, argv, **kwargs) -> subprocess.CompletedProcess:
@@ -126,6 +128,8 @@ class FakeSlurm:
             if self.accounting is None:
                 return self._done(argv, 1, "", "sacct: error: Slurm accounting storage is disabled")
             return self._done(argv, 0, f"{self.accounting}\n")
+        if any(a.endswith("JobID,ElapsedRaw,AllocTRES,State") for a in argv):  # the spend ledger (analysis/spend.py)
+            return self._done(argv, 0, "".join(f"{self.job_id}|{e}|{t}|{s}\n" for e, t, s in self.usage))
         rows = [f"{self.job_id}|{s}|{n}|{a}|{b}" for s, n, a, b in self.attempts]
         return self._done(argv, 0, "\n".join(rows) + "\n")
 

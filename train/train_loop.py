@@ -31,6 +31,7 @@ from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from analysis.spend import stop_text
 from launch.config import Job, ParallelismConfig, TrainingConfig
 from launch.kinds import EventKind
 from train import nan_guard
@@ -212,12 +213,15 @@ def _device_of(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def agree_stop(flag_signum: Optional[int], device: torch.device, requested: bool = False) -> tuple[int, bool]:
-    """All ranks agree at a step boundary: the largest signal number any rank saw (0 = none), and
-    whether any rank (rank 0 polls the stop request file) saw a drain request. One all-reduce."""
-    t = torch.tensor([int(flag_signum or 0), int(bool(requested))], dtype=torch.int64, device=device)
+def agree_stop(flag_signum: Optional[int], device: torch.device, requested: bool = False,
+               spend: tuple[int, int] = (0, 0)) -> tuple[int, bool, int, int]:
+    """All ranks agree at a step boundary: the largest signal number any rank saw (0 = none), whether any
+    rank (rank 0 polls the stop request file) saw a drain request, and rank 0's spend and projected spend
+    (:mod:`train.budget`, nano-hours; 0 elsewhere). One all-reduce."""
+    t = torch.tensor([int(flag_signum or 0), int(bool(requested)), int(spend[0]), int(spend[1])],
+                     dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return int(t[0].item()), bool(t[1].item())
+    return int(t[0].item()), bool(t[1].item()), int(t[2].item()), int(t[3].item())
 
 
 def _reduce_loss(losses: List[Dict[str, torch.Tensor]], device: torch.device) -> torch.Tensor:
@@ -417,7 +421,7 @@ def throughput_model(ctx: Any) -> tuple[Optional[float], Optional[float]]:
 @dataclass
 class LoopResult:
     state: TrainState
-    reason: str  # completed | signal (a stop signal or a drain request) | nan | replay_mismatch
+    reason: str  # completed | signal (a stop signal or a drain request) | nan | replay_mismatch | budget
     signum: int = 0
     requested: bool = False  # a drain request (the stop file) was agreed
     detail: str = ""
@@ -428,7 +432,7 @@ class LoopResult:
 
 def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, state: TrainState,
              iters: int, valid: Optional[SampleSource] = None, judge: Any = None, live: Any = None,
-             nan_hooks: Any = None, replay: Any = None) -> LoopResult:
+             nan_hooks: Any = None, replay: Any = None, budget: Any = None) -> LoopResult:
     """Train from ``state`` to ``iters``; at every step boundary all ranks agree on a stop first.
 
     ``ctx`` is the rank's :class:`train.context.RankContext`, ``ckpt`` its
@@ -440,6 +444,8 @@ def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, st
     a step whose loss or grad norm is non-finite is not applied (:mod:`train.nan_guard`) and ends
     the loop (``training.on_nan=stop``) or rolls back. ``replay`` (:class:`train.replay_parity.ReplayParity`)
     compares the first replayed steps with the lost attempt's log; periodic saves wait until it vouched for them.
+    ``budget`` (:class:`train.budget.BudgetGuard`, every rank) warns as the spend passes 50/80/95% of
+    ``run.budget_gpu_hours`` and ends the loop (reason ``budget``, after a stop checkpoint) once it is spent.
     """
     t = ctx.job.training
     gbs = t.global_batch_size
@@ -452,7 +458,13 @@ def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, st
         return LoopResult(state, reason, signum, requested, detail, live_s, med, len(step_times))
 
     while state.step < iters:
-        signum, requested = agree_stop(ctx.flag.signum, ctx.device, judge is not None and judge.requested(state.step))
+        mine = budget.local(state.step) if budget is not None and ctx.is_first else (0, 0)
+        signum, requested, spent, projected = agree_stop(
+            ctx.flag.signum, ctx.device, judge is not None and judge.requested(state.step), mine)
+        over = budget.review(ctx, state.step, spent, projected) if budget is not None else None
+        if over is not None and not (signum or requested):
+            ckpt.save(state, "budget")
+            return result("budget", detail=stop_text(over, state.step, ctx.job.run.name))
         if signum or requested:
             if signum:
                 ctx.emit(EventKind.SIGNAL, signal=_signame(signum), step=state.step)
@@ -505,6 +517,8 @@ def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, st
         state.step += 1
         state.consumed_samples += gbs
         step_times.append(elapsed)
+        if budget is not None:
+            budget.step_times.append(elapsed)
         t1 = ctx.clock()
         ctx.beat("step", state.step, elapsed)
         if live is not None:

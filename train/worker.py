@@ -438,10 +438,13 @@ def _train_started(ctx: RankContext, start, iters: int, watch: Any = None) -> in
     judge = _judge(ctx) if ctx.is_first else None
     replay = ReplayParity(ctx, state)
     ckpt.hold_saves = replay.pending
+    from train import budget as budgets
+
+    guard = budgets.build(ctx, iters)
     ctx.phase(f"training from step {state.step + 1} to {iters}; the first step is slower (warm-up)")
     try:
         result = train_loop.run_loop(ctx, parts, ckpt, source, state, iters, valid, judge, live=live,
-                                     nan_hooks=nan_hooks, replay=replay)
+                                     nan_hooks=nan_hooks, replay=replay, budget=guard)
         replay.finish()
         ckpt.hold_saves = False
         end = describe(job.data, source, num_samples, result.state.consumed_samples, root)
@@ -485,6 +488,14 @@ def _finish(ctx: RankContext, ckpt, parts, result, judge=None) -> int:
         ctx.log(f"stopping: replay_mismatch (exit {code}, final: not requeued or relaunched); nothing was deleted: "
                 f"inspect the checkpoint this attempt loaded, or set training.replay.on_mismatch=rollback|warn")
         return code
+
+    if result.reason == "budget":
+        from recovery.policy import EXIT_BUDGET
+
+        ctx.emit("stop", reason="budget", code=EXIT_BUDGET, detail=result.detail, step=result.state.step)
+        ctx.emit("exit", reason="budget", code=EXIT_BUDGET, step=result.state.step)
+        ctx.log(f"stopping: {result.detail}")
+        return EXIT_BUDGET
 
     if result.reason == "signal":
         return _after_stop(ctx, result, judge)

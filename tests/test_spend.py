@@ -1,0 +1,131 @@
+"""The spend ledger's arithmetic (analysis/spend.py), the submit-time refusal of a spent budget
+(launch/ledger.py) and the ranks' guard state (train/budget.py, without torch)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from analysis import spend
+from fake_slurm import FakeSlurm
+from launch.compose import compose_job
+from launch.ledger import budget_problems, spent
+from launch.paths import RunPaths
+from train.budget import SCALE, BudgetGuard
+
+
+def test_event_spans_count_every_attempt_to_its_last_event_and_the_running_one_to_now():
+    events = [
+        {"event": "job_start", "time": 100.0, "world_size": 4},
+        {"event": "iteration", "time": 160.0},
+        {"event": "stop", "time": 190.0, "reason": "crash"},  # a failed attempt counts too
+        {"event": "job_start", "time": 1000.0, "world_size": 2},
+        {"event": "iteration", "time": 1100.0},
+    ]
+    assert spend.event_spans(events) == [(4, 90.0), (2, 100.0)]
+    assert spend.event_spans(events, now=1300.0) == [(4, 90.0), (2, 300.0)]
+    assert spend.hours(spend.event_spans(events)) == pytest.approx((4 * 90 + 2 * 100) / 3600)
+    assert spend.event_spans([{"event": "job_start", "time": 5.0}], world_size=8, now=6.0) == [(8, 1.0)]
+    assert spend.event_spans([{"event": "iteration", "time": "x"}]) == []
+
+
+def test_sacct_spans_read_every_allocation_with_its_gpus_and_skip_steps_and_pending_rows():
+    text = "\n".join([
+        "101|3600|billing=16,cpu=16,gres/gpu=8,mem=64G,node=1|REQUEUED",   # attempt 0, requeued
+        "101|1800|billing=16,cpu=16,gres/gpu=8,mem=64G,node=1|CANCELLED by 1000",  # attempt 1, cancelled
+        "101.batch|1800|cpu=16|CANCELLED",  # a step, not an allocation
+        "102|0||PENDING",
+        "103|600|cpu=4,node=1|FAILED",  # no GPU count: the world size
+        "garbage",
+    ])
+    assert spend.sacct_spans(text, world_size=4) == [(8, 3600.0), (8, 1800.0), (4, 600.0)]
+    assert spend.tres_gpus("cpu=8,gres/gpu:h100=4,node=1") == 4
+    assert spend.tres_gpus("cpu=8") is None
+
+
+def test_thresholds_are_announced_once_per_budget_and_a_raised_budget_starts_again():
+    assert spend.crossed(0.83, []) == [0.5, 0.8]
+    assert spend.crossed(0.83, [0.5]) == [0.8]
+    assert spend.crossed(1.2, [0.5, 0.8, "projected"]) == [0.95]
+    events = [{"event": "budget_warning", "threshold": 0.5, "budget": 2.0},
+              {"event": "budget_warning", "threshold": "projected", "budget": 2.0},
+              {"event": "budget_warning", "threshold": 0.8, "budget": 1.0}]
+    assert spend.announced(events, 2.0) == {0.5, "projected"}
+    assert spend.announced(events, 4.0) == set()
+
+
+def test_ledger_line_and_projection():
+    led = spend.Ledger(0.42, "events", 1.0, spend.project(0.42, 100, 36.0, 2), "process-hours")
+    assert led.projected == pytest.approx(0.42 + 100 * 36 * 2 / 3600)
+    assert led.line() == ("0.42 process-hours of a 1 process-hours budget (42.0%); projected 2.42 process-hours at "
+                          "the target (over the budget)")
+    assert not led.over and spend.Ledger(1.0, "sacct", 1.0).over
+    assert spend.project(1.0, 10, None, 8) is None
+    assert spend.projected_text(led).endswith("unless run.budget_gpu_hours is raised to 2.42")
+
+
+class _Ctx:
+    def __init__(self):
+        self.lines, self.events = [], []
+
+    def log(self, line):
+        self.lines.append(line)
+
+    def emit(self, kind, **fields):
+        self.events.append({"event": kind, **fields})
+
+
+def test_the_guard_warns_at_each_threshold_once_then_stops_at_the_budget():
+    job = compose_job(["cluster=local", "model=tiny", "cluster.gpus_per_node=2", "run.budget_gpu_hours=1.0"])
+    now = [0.0]
+    guard = BudgetGuard(job, base_hours=0.45, source="events", announced={0.5}, iters=10, clock=lambda: now[0])
+    ctx = _Ctx()
+    assert guard.local(0) == (int(0.45 * SCALE), 0)  # no step time yet: no projection
+    now[0] = 0.2 * 3600 / 2  # two processes, 0.2 h later: 0.65 spent
+    guard.step_times += [360.0]
+    spent_n, proj_n = guard.local(4)
+    assert spent_n == pytest.approx(0.65 * SCALE, rel=1e-9) and proj_n / SCALE == pytest.approx(0.65 + 6 * 0.2)
+    assert guard.review(ctx, 4, spent_n, proj_n) is None
+    assert [e["threshold"] for e in ctx.events] == ["projected"]  # 0.5 was announced by an earlier attempt
+    now[0] = 0.5 * 3600 / 2  # 0.95
+    assert guard.review(ctx, 6, *guard.local(6)) is None
+    assert [e["threshold"] for e in ctx.events] == ["projected", 0.8, 0.95]
+    assert ctx.lines[1].startswith("WARNING: budget: 80% of run.budget_gpu_hours spent")
+    now[0] = 0.56 * 3600 / 2
+    led = guard.review(ctx, 7, *guard.local(7))
+    assert led is not None and led.over and len(ctx.events) == 3
+    assert spend.stop_text(led, 7, "r").startswith("budget: 1.01 process-hours of a 1 process-hours budget")
+
+
+def _run_dir(tmp_path: Path, overrides: list, events: list) -> tuple:
+    job = compose_job(["model=tiny", f"cluster.run_root={tmp_path}", "run.name=r", *overrides])
+    run_dir = tmp_path / "r"
+    paths = job.paths_at(run_dir)
+    paths.events.parent.mkdir(parents=True, exist_ok=True)
+    paths.events.write_text("".join(json.dumps(e) + "\n" for e in events))
+    return job, run_dir
+
+
+def test_a_resubmission_over_a_spent_budget_is_refused_with_the_arithmetic(tmp_path):
+    events = [{"event": "job_start", "time": 0.0, "world_size": 4}, {"event": "exit", "time": 1800.0}]
+    job, run_dir = _run_dir(tmp_path, ["cluster=local", "cluster.gpus_per_node=4", "run.budget_gpu_hours=2"], events)
+    (p,) = budget_problems(job, run_dir)
+    assert p.field == "run.budget_gpu_hours"
+    assert p.arithmetic == "spent 2 process-hours (event log) >= budget 2 process-hours"
+    assert p.fix == "raise it to continue the run: run.budget_gpu_hours=3 (or more)"
+    job, run_dir = _run_dir(tmp_path, ["cluster=local", "cluster.gpus_per_node=4", "run.budget_gpu_hours=2.5"],
+                            events)
+    assert budget_problems(job, run_dir) == []
+
+
+def test_on_slurm_the_spend_is_slurms_accounting_of_every_attempt(tmp_path):
+    job, run_dir = _run_dir(tmp_path, ["cluster=lustre", "run.budget_gpu_hours=10"],
+                            [{"event": "job_start", "time": 0.0, "world_size": 8}, {"event": "exit", "time": 60.0}])
+    RunPaths.of(run_dir).submissions.write_text(json.dumps({"job_id": "77"}) + "\n")
+    slurm = FakeSlurm(usage=[(3600, "cpu=64,gres/gpu=8,node=1", "REQUEUED"), (1800, "cpu=64,gres/gpu=8,node=1", "FAILED")])
+    assert spent(job, run_dir, runner=slurm) == (pytest.approx(12.0), "sacct")
+    (p,) = budget_problems(job, run_dir, runner=slurm)
+    assert "spent 12 GPU-hours (Slurm accounting) >= budget 10 GPU-hours" in p.arithmetic
+    slurm = FakeSlurm(fail={"sacct"}, fail_words="sacct: error: Slurm accounting storage is disabled")
+    assert spent(job, run_dir, runner=slurm) == (pytest.approx(8 * 60 / 3600), "events")
