@@ -36,7 +36,7 @@ EVENTS_READ = (EventKind.STOP, EventKind.SIGNAL, EventKind.HANG, EventKind.EXIT,
                EventKind.REQUEUE, EventKind.CHECKPOINT_SAVED, EventKind.RESUME, EventKind.EXCLUDE,
                EventKind.JOB_START)
 _DECIDED = tuple(c.value for c in Cause.decided_ones())  # a stop event naming one: the ranks decided the cause
-_STOPPED_BY_RANKS = (Cause.CRASH.value, Cause.HANG.value, Cause.NAN.value)  # a stop event naming one: evidence
+_STOPPED_BY_RANKS = (Cause.CRASH.value, Cause.HANG.value, Cause.NAN.value, Cause.OOM.value)  # a stop event naming one
 _HARDWARE_BY_REASON = {f.reason: f for f in HARDWARE_FAULTS}
 _US = "datetime64[us]"  # one resolution: pandas refuses to merge_asof seconds with microseconds
 ATTEMPT_COLUMNS = [
@@ -315,7 +315,8 @@ def build_attempts(
                     else:
                         add(r.job, r.attempt, Cause.PREEMPTION, "event signal SIGTERM, then requeued (preemption)")
             elif r.event == EventKind.STOP and str(getattr(r, "reason", "")) in _STOPPED_BY_RANKS:
-                add(r.job, r.attempt, Cause(r.reason), f"event stop {r.reason}")
+                why = str(getattr(r, "detail", "") or "") if r.reason == Cause.OOM else ""  # the ranks' OOM line
+                add(r.job, r.attempt, Cause(r.reason), f"event stop {r.reason}" + (f": {why[:400]}" if why else ""))
             elif r.event == EventKind.HANG:
                 add(r.job, r.attempt, Cause.HANG, "event hang")
             elif r.event == EventKind.EXIT and str(getattr(r, "reason", "")) == "error":

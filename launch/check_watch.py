@@ -50,4 +50,7 @@ def problems(job: Job) -> list[Problem]:
     if t.regression_intervals < 1:
         out.append(Problem("training.regression_intervals", "must be >= 1",
                            f"regression_intervals = {t.regression_intervals}", "set training.regression_intervals=3"))
+    if t.memory_window < 2:  # a growth needs two samples at least (train/memory.py)
+        out.append(Problem("training.memory_window", "must be >= 2 (log intervals compared for memory growth)",
+                           f"memory_window = {t.memory_window}", "set training.memory_window=5"))
     return out

@@ -267,6 +267,9 @@ class TrainingConfig:
     straggler_threshold: float = 0.2  # a rank slower than the median by more than this fraction is a straggler
     regression_threshold: float = 0.2  # throughput below (1 - this) x the run's baseline is a drop
     regression_intervals: int = 3  # consecutive slow intervals before a 'regression' event
+    # memory health (train/memory.py)
+    memory_window: int = 5  # log intervals over which a growing reserved-allocated gap or alloc retries is an event
+    oom_snapshot: bool = False  # GPU: record the allocator's history; a CUDA OOM dumps the snapshot under oom/
 
     @property
     def checkpoint_interval_is_auto(self) -> bool:

@@ -18,6 +18,8 @@ A run directory ``<cluster.run_root>/<run.name>/`` (or ``run.dir``) holds::
     tensorboard/        TensorBoard event files (one per attempt; purged past the resumed step)
     wandb_id            the W&B run id every attempt resumes (wandb/ holds W&B's own files)
     data_cache/         Megatron's index cache of an indexed dataset
+    memory_plan.json    the planner's per-GPU memory estimate of the submitted layout (its terms and fixes)
+    oom/                out-of-memory forensics: memory_summary / snapshot per rank and attempt
     checkpoints/        iter_NNNNNNN/ (committed), iter_NNNNNNN.tmp/ (staging), latest
 
 With ``cluster.checkpoint_root`` set, checkpoints live in ``<checkpoint_root>/<run.name>/`` instead, so two runs
@@ -48,6 +50,8 @@ HANGS = "hangs"
 TENSORBOARD = "tensorboard"
 WANDB_ID = "wandb_id"
 DATA_CACHE = "data_cache"
+MEMORY_PLAN = "memory_plan.json"
+OOM = "oom"
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 STAGING_SUFFIX = ".tmp"
@@ -261,6 +265,15 @@ class RunPaths:
     @property
     def data_cache(self) -> Path:
         return self.run_dir / DATA_CACHE
+
+    @property
+    def memory_plan(self) -> Path:
+        return self.run_dir / MEMORY_PLAN
+
+    def oom(self, job_id: Optional[str], attempt: int, rank: int, what: str) -> Path:
+        """One rank's out-of-memory forensics: ``oom/<job or local>_<attempt>_rank<R>.<what>``
+        (``what``: ``memory_summary.txt`` or ``snapshot.pickle``)."""
+        return self.run_dir / OOM / f"{job_id or 'local'}_{attempt}_rank{rank}.{what}"
 
     def checkpoint(self, step: int) -> Path:
         """The committed checkpoint of ``step``."""

@@ -373,6 +373,7 @@ def _main(cfg: DictConfig, *, runner: Runner, out: TextIO, err: TextIO, sweep: O
 
             run_lock = local.take_run_lock(run_dir, job_active=lambda j: lock.slurm_job_active(j, runner), echo=err)
         job.paths_at(run_dir).config.write_text(text)
+        write_memory_plan(job, run_dir)
     except lock.RunLocked as exc:  # another launch is training this run right now: leave all of it alone
         before.restore()
         print(local.locked_line(exc, run_dir), file=err)
@@ -417,6 +418,19 @@ def _main(cfg: DictConfig, *, runner: Runner, out: TextIO, err: TextIO, sweep: O
         _outcome(job, sweep, fit_status(job, "submitted"), _estimate_note(job), subs[0].job_id or "")
         record_member(job, sweep, status="submitted", run_dir=run_dir, job_id=subs[0].job_id)
     return 0
+
+
+def write_memory_plan(job: Job, run_dir: Path) -> None:
+    """``<run_dir>/memory_plan.json``: the planner's memory estimate of this layout, beside which the ranks log (and
+    TensorBoard and the report plot) the measured memory, and which an out-of-memory stop quotes with its fixes."""
+    from launch.planner.memory import memory_plan
+    from recovery.policy import _write_json_atomic
+
+    try:
+        plan = memory_plan(job)
+    except (ArithmeticError, ValueError, KeyError):  # a shape the planner cannot size: the ranks say "no estimate"
+        return
+    _write_json_atomic(job.paths_at(run_dir).memory_plan, plan)
 
 
 def clear_stop_request(job: Job, run_dir: Path, err: TextIO) -> None:

@@ -37,6 +37,7 @@ SLOW_RANK_ENV = "SLURMTRON_TEST_SLOW_RANK"  # R:S
 OVERFLOW_AT_ITER_ENV = "SLURMTRON_TEST_OVERFLOW_AT_ITER"  # N[,M...]: every gradient of those iterations is inf
 SAVE_EIO_ENV = "SLURMTRON_TEST_SAVE_EIO"  # K: the first K commits of each attempt fail with EIO
 ASYNC_HANG_AT_ENV = "SLURMTRON_TEST_ASYNC_HANG_AT"  # N: the async writer of step N hangs (sleeps _HANG_S)
+OOM_AT_ITER_ENV = "SLURMTRON_TEST_OOM_AT_ITER"  # N: every rank raises torch.cuda.OutOfMemoryError at iteration N
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class Hooks:
     overflow_at_iters: tuple = ()
     save_eio: int = 0
     async_hang_at: int = 0
+    oom_at_iter: int = 0
 
     @staticmethod
     def from_env(env: Mapping[str, str]) -> "Hooks":
@@ -81,6 +83,7 @@ class Hooks:
             overflow_at_iters=tuple(int(x) for x in (env.get(OVERFLOW_AT_ITER_ENV) or "").split(",") if x.strip()),
             save_eio=int(env.get(SAVE_EIO_ENV) or 0),
             async_hang_at=int(env.get(ASYNC_HANG_AT_ENV) or 0),
+            oom_at_iter=int(env.get(OOM_AT_ITER_ENV) or 0),
         )
 
     def fail_commit(self, nth: int, where: Any) -> None:

@@ -6,8 +6,10 @@ Which rank: the first data-parallel, first tensor-parallel rank of the last pipe
 Names are Megatron-LM's where it has one (``training.py::training_log`` and
 ``evaluate_and_print_results``): ``lm loss``, ``learning-rate``, ``grad-norm``, ``loss-scale``,
 ``batch-size``, ``iteration-time``, ``throughput`` (TFLOP/s/GPU), ``mem-allocated-bytes`` /
-``mem-max-allocated-bytes`` (CUDA), ``lm loss validation`` / ``lm loss validation ppl``. Ours where
-it has none: ``mfu``, ``tokens-per-sec``, ``mem-rss-bytes`` (CPU runs: the process's resident set).
+``mem-reserved-bytes`` / ``mem-max-allocated-bytes`` (CUDA), ``lm loss validation`` / ``lm loss validation ppl``.
+Ours where it has none: ``mfu``, ``tokens-per-sec``, ``mem-gap-bytes`` (reserved - allocated), ``mem-alloc-retries``,
+``mem-planner-estimate-bytes`` (the planner's estimate of the layout, CUDA), ``mem-rss-bytes`` (CPU runs: the
+process's resident set); the samples come from :mod:`train.memory`.
 
 Across requeues: TensorBoard's ``purge_step`` is the first step this attempt will train (the
 resumed checkpoint's step + 1), so the steps a failed attempt ran past its last checkpoint are
@@ -41,8 +43,9 @@ from launch.paths import RunPaths
 NAMES = {  # our key -> the TensorBoard tag
     "loss": "lm loss", "lr": "learning-rate", "grad_norm": "grad-norm", "loss_scale": "loss-scale",
     "batch_size": "batch-size", "iteration_time": "iteration-time", "throughput": "throughput", "mfu": "mfu",
-    "tokens_per_s": "tokens-per-sec", "mem_allocated": "mem-allocated-bytes",
-    "mem_max_allocated": "mem-max-allocated-bytes", "mem_rss": "mem-rss-bytes",
+    "tokens_per_s": "tokens-per-sec", "mem_allocated": "mem-allocated-bytes", "mem_reserved": "mem-reserved-bytes",
+    "mem_max_allocated": "mem-max-allocated-bytes", "mem_rss": "mem-rss-bytes", "mem_gap": "mem-gap-bytes",
+    "mem_alloc_retries": "mem-alloc-retries", "mem_planner_estimate": "mem-planner-estimate-bytes",
     "val_loss": "lm loss validation", "val_ppl": "lm loss validation ppl",
     "ckpt_blocked_s": "checkpoint/training-blocked-s", "ckpt_durable_s": "checkpoint/durable-s",
     "ckpt_step_dip": "checkpoint/step-time-dip",
@@ -54,7 +57,8 @@ TEXT_EVENTS = {  # event kind -> the fields shown in its text line
     "resume_fallback": ("skipped", "reason"), "signal": ("signal", "step"),
     "checkpoint_saved": ("step", "reason", "seconds"), "requeue": ("method", "step", "ok"),
     "stop": ("reason", "detail"), "exit": ("reason", "code", "step"), "lead_time_warning": ("detail",),
-    "failed_node": ("host",),
+    "failed_node": ("host",), "budget_warning": ("threshold", "spent", "budget", "projected"),
+    "memory_fragmentation": ("rank", "symptom", "detail"),
 }
 
 
@@ -271,18 +275,3 @@ def is_tracking_rank() -> bool:
 
     return (ps.is_pipeline_last_stage(ignore_virtual=True) and ps.get_data_parallel_rank() == 0
             and ps.get_tensor_model_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0)
-
-
-def memory_scalars(cuda: bool) -> dict[str, float]:
-    """Megatron's CUDA memory scalars, or this process's resident set size on the CPU."""
-    if cuda:
-        import torch
-
-        return {"mem_allocated": float(torch.cuda.memory_allocated()),
-                "mem_max_allocated": float(torch.cuda.max_memory_allocated())}
-    try:
-        import psutil
-
-        return {"mem_rss": float(psutil.Process().memory_info().rss)}
-    except Exception:
-        return {}

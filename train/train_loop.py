@@ -34,7 +34,7 @@ from megatron.core.pipeline_parallel import get_forward_backward_func
 from analysis.spend import stop_text
 from launch.config import Job, ParallelismConfig, TrainingConfig
 from launch.kinds import EventKind
-from train import nan_guard
+from train import memory, nan_guard
 from train.data import SampleSource, step_batches
 
 
@@ -364,6 +364,9 @@ class Meter:
         self.ctx, self.optimizer, self.iters = ctx, optimizer, iters
         self.counters = Counters()
         self.flops_per_step, self.peak_flops = throughput_model(ctx)
+        plan = memory.read_plan(ctx.paths.memory_plan)
+        self.plan_bytes = plan["total_gib"] * memory.GIB if plan and ctx.cuda else None
+        self.fragmentation = memory.FragmentationWatch(window=ctx.job.training.memory_window)
 
     def step_done(self, state: TrainState, loss: float, grad_norm: float, skipped: bool, elapsed: float) -> None:
         ctx, t, iteration = self.ctx, self.ctx.job.training, state.step
@@ -378,22 +381,26 @@ class Meter:
             if self.peak_flops:
                 mfu = tflops * 1e12 / self.peak_flops
         scale = loss_scale(self.optimizer)
+        mem = memory.sample(bool(ctx.cuda))
         ctx.emit(EventKind.ITERATION, step=iteration, loss=repr(loss), grad_norm=repr(grad_norm), lr=repr(lr),
-                 consumed_samples=state.consumed_samples, seconds=elapsed)
+                 consumed_samples=state.consumed_samples, seconds=elapsed, **mem.fields())
         ctx.log(format_iteration(
             now=ctx.now(), iteration=iteration, train_iters=self.iters, consumed=state.consumed_samples,
             elapsed_ms=elapsed * 1000.0, lr=lr, gbs=t.global_batch_size, loss=loss,
             loss_scale=scale,
             grad_norm=grad_norm, skipped=self.counters.skipped, nan=self.counters.nan, tflops=tflops, mfu=mfu,
         ))
+        ctx.log(memory.log_line(ctx.rank, iteration, mem))
+        finding = self.fragmentation.add(iteration, mem)
+        if finding is not None:  # this rank's own log says it; rank 0's event log records rank 0's
+            print(f"WARNING: rank {ctx.rank}: memory fragmentation: {finding['detail']}", flush=True)
+            ctx.emit("memory_fragmentation", rank=ctx.rank, **finding)
         if getattr(ctx, "tracker", None) is not None:  # TensorBoard/W&B under Megatron-LM's names (train/tracking.py)
-            from train.tracking import memory_scalars
-
             tokens = t.global_batch_size * ctx.job.model.seq_length
             ctx.tracker.scalars(iteration, {
                 "loss": loss, "lr": lr, "grad_norm": grad_norm, "loss_scale": scale,
                 "batch_size": t.global_batch_size, "iteration_time": elapsed, "throughput": tflops, "mfu": mfu,
-                "tokens_per_s": tokens / elapsed if elapsed > 0 else None, **memory_scalars(bool(ctx.cuda))})
+                "tokens_per_s": tokens / elapsed if elapsed > 0 else None, **memory.scalars(mem, self.plan_bytes)})
 
 
 def loss_scale(optimizer: Any) -> float:
@@ -481,6 +488,7 @@ def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, st
                      batches=skip // gbs)
             state.consumed_samples += skip
         inject_failure(ctx.hooks.fail_at_iter, state.step + 1)
+        inject_oom(ctx.hooks.oom_at_iter, state.step + 1)
         if nan_hooks is not None:
             nan_hooks.reset()
         t0, c0 = ctx.clock(), time.thread_time()
@@ -556,6 +564,15 @@ def inject_failure(fail_at_iter: Optional[int], iteration: int) -> None:
     """``SLURMTRON_TEST_FAIL_AT_ITER``: raise at that iteration on every rank (a deterministic crash)."""
     if fail_at_iter is not None and iteration == fail_at_iter:
         raise InjectedFailure(f"SLURMTRON_TEST_FAIL_AT_ITER={fail_at_iter}: injected failure at iteration {iteration}")
+
+
+def inject_oom(oom_at_iter: int, iteration: int) -> None:
+    """``SLURMTRON_TEST_OOM_AT_ITER``: raise ``torch.cuda.OutOfMemoryError`` at that iteration on every rank, as the
+    caching allocator does when a cudaMalloc fails (the OOM path on a machine without a GPU)."""
+    if oom_at_iter and iteration == oom_at_iter:
+        raise torch.cuda.OutOfMemoryError(
+            f"CUDA out of memory. Tried to allocate 2.00 GiB (SLURMTRON_TEST_OOM_AT_ITER={oom_at_iter}: injected at "
+            f"iteration {iteration})")
 
 
 def _signame(signum: int) -> str:

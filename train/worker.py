@@ -215,6 +215,10 @@ def _run_reporting(ctx: RankContext) -> int:
             return int(stop["code"])
         if type(e).__name__ == "CheckpointMismatch":  # this job cannot load the run's checkpoint: final, one line
             return _refuse_mismatch(ctx, str(e))
+        from train import memory
+
+        if memory.is_oom(e):  # a deterministic OOM does not fix itself on a requeue: forensics, then a final stop
+            return _oom_stop(ctx, e)
         traceback.print_exc()
         if _hang_declared(ctx):
             return _leave_to_the_watchdog(ctx, e)
@@ -224,6 +228,33 @@ def _run_reporting(ctx: RankContext) -> int:
         code = _requeue_away_from_faulty_node(ctx, traceback.format_exc())
         ctx.emit(EventKind.EXIT, reason="error" if code == EXIT_CRASH else "requeue", code=code, step=None)
         return code
+
+
+def _oom_stop(ctx: RankContext, e: BaseException) -> int:
+    """This rank ran out of GPU memory: write the forensics under ``<run_dir>/oom/`` (:mod:`train.memory`), record a
+    final ``oom`` stop from this rank (rank 0 may be a healthy peer whose collective breaks next) and exit 17."""
+    from recovery.events import EventLog
+    from recovery.policy import EXIT_OOM
+    from train import memory
+
+    t = ctx.job.training
+    mem = memory.sample(bool(ctx.cuda))
+    files: list = []
+    try:
+        files = memory.oom_files(ctx.paths, ctx.job_id, ctx.restart, ctx.rank, cuda=bool(ctx.cuda),
+                                 snapshot=t.oom_snapshot, s=mem)
+    except Exception as exc:  # the stop stands; only its forensics are missing, and that is said
+        print(f"WARNING: rank {ctx.rank}: the out-of-memory forensics could not be written under "
+              f"{ctx.paths.run_dir / 'oom'} ({type(exc).__name__}: {exc})", flush=True)
+    detail = memory.forensics_line(f"{type(e).__name__}: {e}", mem, memory.read_plan(ctx.paths.memory_plan))
+    log = ctx.events if ctx.is_first else EventLog(ctx.paths.events, rank=ctx.rank, job_id=ctx.job_id,
+                                                   restart_count=ctx.restart)
+    log.emit("stop", reason="oom", code=EXIT_OOM, detail=detail[:2000], oom_rank=ctx.rank,
+             files=[str(f) for f in files], **mem.fields())
+    log.emit("exit", reason="oom", code=EXIT_OOM, step=None)
+    print(f"stopping: rank {ctx.rank}: {detail}; forensics: {', '.join(str(f) for f in files) or 'none'} "
+          f"(exit {EXIT_OOM}; final: not requeued or relaunched)", flush=True)
+    return EXIT_OOM
 
 
 def _broken_by_the_stop_signal(ctx: RankContext, e: BaseException, make_judge: Any = None) -> Optional[int]:
@@ -439,6 +470,9 @@ def _train_started(ctx: RankContext, start, iters: int, watch: Any = None) -> in
     replay = ReplayParity(ctx, state)
     ckpt.hold_saves = replay.pending
     from train import budget as budgets
+    from train import memory
+
+    memory.start_history(bool(ctx.cuda), t.oom_snapshot)
 
     guard = budgets.build(ctx, iters)
     ctx.phase(f"training from step {state.step + 1} to {iters}; the first step is slower (warm-up)")

@@ -305,6 +305,19 @@ def memory_problems(job: Job) -> list[Problem]:
     bound = c.gpu_memory_gb * (1 + MEMORY_OVER)
     if worst.total <= bound:
         return []
+    fixes = memory_fixes(job)
+    return [Problem(
+        "parallelism", f"estimated memory per GPU exceeds cluster.gpu_memory_gb {c.gpu_memory_gb:g} by more "
+                       f"than the planner's error (+{100 * MEMORY_OVER:.0f}%)",
+        format_breakdown(worst) + f" > {c.gpu_memory_gb:g} x {1 + MEMORY_OVER:g} = {bound:.1f}",
+        "try " + ", or ".join(fixes),
+    )]
+
+
+def memory_fixes(job: Job) -> list[str]:
+    """The overrides that lower the memory per GPU of ``job``'s layout, most effective first: recompute, sequence
+    parallelism, the distributed optimizer, a smaller micro-batch, more pipeline stages, or the planner's pick."""
+    p = job.parallelism
     fixes = []
     if p.recompute != "full":
         fixes.append("parallelism.recompute=" + ("selective" if p.recompute == "none" else "full"))
@@ -316,12 +329,16 @@ def memory_problems(job: Job) -> list[Problem]:
         fixes.append("training.micro_batch_size=1")
     fixes.append(f"parallelism.pp={p.pp * 2}")
     fixes.append("parallelism=auto (let the planner pick a layout that fits)")
-    return [Problem(
-        "parallelism", f"estimated memory per GPU exceeds cluster.gpu_memory_gb {c.gpu_memory_gb:g} by more "
-                       f"than the planner's error (+{100 * MEMORY_OVER:.0f}%)",
-        format_breakdown(worst) + f" > {c.gpu_memory_gb:g} x {1 + MEMORY_OVER:g} = {bound:.1f}",
-        "try " + ", or ".join(fixes),
-    )]
+    return fixes
+
+
+def memory_plan(job: Job) -> dict:
+    """What ``<run_dir>/memory_plan.json`` holds (written at submit, read by the ranks and the report): the worst
+    stage's estimate per GPU with its terms (GiB), the one-line breakdown, and the fixes that lower it."""
+    worst = worst_stage(job)
+    return {"layout": job.layout_label, "gpu": job.cluster.gpu, "gpu_memory_gb": job.cluster.gpu_memory_gb,
+            "total_gib": worst.total, "terms": worst.to_dict(), "breakdown": format_breakdown(worst),
+            "fixes": memory_fixes(job)}
 
 
 def memory_warnings(job: Job) -> list[str]:

@@ -1,9 +1,14 @@
-"""The budget ceiling on real Megatron-Core training (CPU, ``cluster=local`` through ``launch/pretrain.py``).
+"""The budget ceiling and memory health on real Megatron-Core training (CPU, ``cluster=local`` through
+``launch/pretrain.py``).
 
-One run with a budget a few steps deep: it warns at 50/80/95% (events and WARNING lines), stops itself at the
+Budget: one run with a budget a few steps deep: it warns at 50/80/95% (events and WARNING lines), stops itself at the
 budget with a verified checkpoint, reason ``budget``, exit 16, and is not relaunched; the same command with the
 budget still spent is refused at submit with the arithmetic; raised, the run continues from the checkpoint to the
 target. The real-Slurm variant of this test is not written yet.
+
+Memory: the memory line every log interval (RSS on the CPU, n/a for the allocator's fields) and an injected CUDA
+out-of-memory (``SLURMTRON_TEST_OOM_AT_ITER``): forensics under ``oom/``, a final ``oom`` stop (exit 17, not
+relaunched) quoting the planner's estimate and fixes, and the report's cause ``oom``.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ from analysis.spend import fmt
 from launch import status
 from launch.paths import RunPaths
 from recovery.events import read_events
-from recovery.policy import EXIT_BUDGET
+from recovery.policy import EXIT_BUDGET, EXIT_OOM
 from recovery.resume import find_latest_verified
 
 pytestmark = pytest.mark.training
@@ -30,13 +35,14 @@ STEP_S = 2.0  # every step sleeps this long (a test hook): five steps spend more
 BUDGET_H = 5 * STEP_S / 3600  # one process: 10 process-seconds, reached before the 6th step whatever start-up took
 
 
-def _pretrain(tmp_path: Path, budget: float, *, sleep: float) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "SLURMTRON_TEST_STEP_SLEEP_S": str(sleep)}
+def _pretrain(tmp_path: Path, budget: float, *, sleep: float = 0.0, env: dict = {}, name: str = "b",
+              more: tuple = ()) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "SLURMTRON_TEST_STEP_SLEEP_S": str(sleep), **env}
     return subprocess.run(
         [sys.executable, str(REPO / "launch" / "pretrain.py"), "cluster=local", "model=tiny",
-         "cluster.gpus_per_node=1", "parallelism=tp1", f"cluster.run_root={tmp_path / 'runs'}", "run.name=b",
+         "cluster.gpus_per_node=1", "parallelism=tp1", f"cluster.run_root={tmp_path / 'runs'}", f"run.name={name}",
          f"training.train_iters={ITERS}", "training.checkpoint_interval=100", "training.async_save=false",
-         "tracking.tensorboard=false", f"run.budget_gpu_hours={budget!r}"],
+         "tracking.tensorboard=false", f"run.budget_gpu_hours={budget!r}", *more],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
 
 
@@ -65,11 +71,11 @@ def test_a_run_stops_at_its_budget_with_a_checkpoint_and_continues_once_it_is_ra
     budget_line = next(ln for ln in shown.getvalue().splitlines() if ln.startswith("budget     "))
     assert f" of {fmt(BUDGET_H)} process-hours (" in budget_line, budget_line
 
-    again = _pretrain(tmp_path, BUDGET_H, sleep=0)  # still spent: refused at submit, with the arithmetic
+    again = _pretrain(tmp_path, BUDGET_H)  # still spent: refused at submit, with the arithmetic
     assert again.returncode == 2 and "run.budget_gpu_hours" in again.stderr and "spent" in again.stderr, again.stderr
     assert sum(e["event"] == "job_start" for e in read_events(RunPaths.of(run_dir).events)) == 1
 
-    more = _pretrain(tmp_path, 1.0, sleep=0)  # raised: continues from the budget stop's checkpoint
+    more = _pretrain(tmp_path, 1.0)  # raised: continues from the budget stop's checkpoint
     assert more.returncode == 0, more.stdout[-3000:] + more.stderr[-3000:]
     events = read_events(RunPaths.of(run_dir).events)
     starts = [e for e in events if e["event"] == "job_start"]
@@ -79,3 +85,31 @@ def test_a_run_stops_at_its_budget_with_a_checkpoint_and_continues_once_it_is_ra
         assert resumed and resumed[-1]["step"] == step
     assert [e for e in events if e["event"] == "exit"][-1]["reason"] == "completed"
     assert find_latest_verified(RunPaths.of(run_dir).checkpoints).step == ITERS
+
+
+def test_an_out_of_memory_is_a_final_oom_stop_with_its_forensics_and_the_memory_lines_before_it(tmp_path):
+    proc = _pretrain(tmp_path, 1.0, env={"SLURMTRON_TEST_OOM_AT_ITER": "3"}, name="m")
+    out = proc.stdout + proc.stderr
+    run_dir = tmp_path / "runs" / "m"
+    events = read_events(RunPaths.of(run_dir).events)
+    assert proc.returncode == EXIT_OOM, out[-3000:]
+    assert sum(e["event"] == "job_start" for e in events) == 1  # final: not relaunched
+    lines = [ln for ln in out.splitlines() if ln.startswith("[Rank 0] (after 2 iterations) memory (MB)")]
+    assert lines and "| allocated: n/a | max allocated: n/a | reserved: n/a | gap: n/a | alloc retries: n/a | rss: " \
+        in lines[0] and not lines[0].endswith("rss: n/a"), lines
+    its = [e for e in events if e["event"] == "iteration"]
+    assert [e["step"] for e in its] == [1, 2] and all(e["mem_rss"] > 0 and "mem_reserved" not in e for e in its)
+    (stop,) = [e for e in events if e["event"] == "stop"]
+    assert stop["reason"] == "oom" and stop["code"] == EXIT_OOM and stop["oom_rank"] == 0
+    assert "CUDA out of memory. Tried to allocate 2.00 GiB" in stop["detail"]
+    assert "planner estimate" in stop["detail"] and "weights" in stop["detail"]  # the per-term estimate
+    assert "fix: parallelism.recompute=selective" in stop["detail"]
+    summary = RunPaths.of(run_dir).oom(None, 0, 0, "memory_summary.txt")
+    assert stop["files"] == [str(summary)] and "rss" in summary.read_text()
+    assert "stopping: rank 0: out of GPU memory" in out
+
+    report = tmp_path / "report"
+    assert subprocess.run([sys.executable, str(REPO / "analysis" / "report.py"), str(run_dir), "--out", str(report)],
+                          capture_output=True, text=True, timeout=600).returncode == 0
+    rows = (report / "interruptions.csv").read_text()
+    assert ",oom," in rows and "planner estimate" in rows, rows
