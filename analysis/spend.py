@@ -38,25 +38,33 @@ def _number(value: object) -> Optional[float]:
     return float(value)
 
 
-def event_spans(events: Sequence[Mapping], *, now: Optional[float] = None, world_size: int = 0) -> list[tuple]:
-    """``(ranks, seconds)`` of every attempt in the event log: from its ``job_start`` to its last event; the
-    last attempt runs to ``now`` when given (it is still running). Every attempt counts, however it ended."""
-    spans: list[tuple] = []
-    start = last = None
-    world = 0
+def _attempts(events: Sequence[Mapping], world_size: int) -> list[list]:
+    """``[ranks, start, last event time]`` of each attempt of the event log, in order."""
+    out: list[list] = []
     for e in events:
         t = _number(e.get("time"))
         if t is None:
             continue
         if e.get("event") == "job_start":
-            if start is not None and last is not None:
-                spans.append((world, last - start))
             ws = _number(e.get("world_size"))
-            start, world = t, int(ws) if ws and ws >= 1 else world_size
-        last = t
-    if start is not None and last is not None:
-        spans.append((world, (max(now, last) if now is not None else last) - start))
-    return spans
+            out.append([int(ws) if ws and ws >= 1 else world_size, t, t])
+        elif out:
+            out[-1][2] = t
+    return out
+
+
+def event_spans(events: Sequence[Mapping], *, now: Optional[float] = None, world_size: int = 0) -> list[tuple]:
+    """``(ranks, seconds)`` of every attempt in the event log: from its ``job_start`` to its last event; the
+    last attempt runs to ``now`` when given (it is still running). Every attempt counts, however it ended."""
+    att = _attempts(events, world_size)
+    if att and now is not None:
+        att[-1][2] = max(att[-1][2], now)
+    return [(w, last - start) for w, start, last in att]
+
+
+def clip(events: Sequence[Mapping], since: float, *, world_size: int = 0) -> list[tuple]:
+    """:func:`event_spans` counting only the time after ``since`` (a quota's period)."""
+    return [(w, last - max(start, since)) for w, start, last in _attempts(events, world_size) if last > since]
 
 
 def tres_gpus(alloc_tres: str) -> Optional[int]:
@@ -194,3 +202,4 @@ def of_run(config: Optional[Mapping], events: Sequence[Mapping], allocations: Se
     return {"spent": led.spent, "source": source, "budget": led.budget, "unit": u,
             "line": led.line() + (" (Slurm accounting, every attempt)" if source == "sacct" else
                                   " (event log: each attempt from its start to its last event)")}
+

@@ -275,6 +275,10 @@ def _cluster(job: Job) -> list[Problem]:
     if job.run.budget_gpu_hours is not None and job.run.budget_gpu_hours <= 0:
         out.append(Problem("run.budget_gpu_hours", "a budget must be positive (or null for none)",
                            f"budget_gpu_hours = {job.run.budget_gpu_hours}", "set run.budget_gpu_hours=null"))
+    if job.run.sweep_budget_gpu_hours is not None and not job.run.sweep_budget_gpu_hours > 0:
+        out.append(Problem("run.sweep_budget_gpu_hours", "a sweep's budget must be positive (or null for none)",
+                           f"sweep_budget_gpu_hours = {job.run.sweep_budget_gpu_hours}",
+                           "set run.sweep_budget_gpu_hours=null"))
     if c.gpu_hour_price is not None and not c.gpu_hour_price >= 0:
         out.append(Problem("cluster.gpu_hour_price", "a price must be >= 0 (or null for no cost line)",
                            f"gpu_hour_price = {c.gpu_hour_price}", "set cluster.gpu_hour_price=null"))

@@ -184,6 +184,7 @@ class ClusterConfig:
     node_mtbf_hours: float = 50000.0  # mean time between failures of one node (Young/Daly, simulation)
     requeue_allowed: bool = True  # site permits `scontrol requeue` / --requeue
     gpu_hour_price: Optional[float] = None  # price of one GPU-hour (site's currency); None = no cost line
+    quota_file: str = ""  # the site's per-account GPU-hour quotas (launch/ledger.py); '' = none
     run_root: str = "runs"  # where runs/<name>/ live (shared filesystem on a real cluster)
     data_root: str = ""  # dataset prefix root
     checkpoint_root: str = ""  # '' = <run_dir>/checkpoints
@@ -306,6 +307,7 @@ class RunConfig:
     time_limit_min: int = 60  # --time for each job (slice) of the run
     dependency_chain: int = 0  # >0: pre-submit N afterany continuations (sites without requeue)
     budget_gpu_hours: Optional[float] = None  # GPU-hours (process-hours on cpu): refuse an estimate over it; the ranks stop at it
+    sweep_budget_gpu_hours: Optional[float] = None  # -m: members past it (by their estimates, in order) are refused
 
 
 @dataclass

@@ -98,8 +98,10 @@ def _mesh(job: Job) -> dict:
 
 def _outcome(job: Job, member: Optional[SweepMember], status: str, detail: str = "", job_id: str = "") -> None:
     if member is not None and member.outcomes is not None:
+        est = _estimate(job) if status not in ("refused", "failed") else {}
         member.outcomes.append({"member": job.run.name, "layout": _layout(job), "status": status,
-                                "detail": detail, "job_id": job_id})
+                                "detail": detail, "job_id": job_id,
+                                "gpu_hours": est.get("gpu_hours_total") if isinstance(est, dict) else None})
 
 
 def _refused_member(cfg: DictConfig, member: SweepMember, refusal: str) -> None:
@@ -318,6 +320,10 @@ def _main(cfg: DictConfig, *, runner: Runner, out: TextIO, err: TextIO, sweep: O
     problems += submission_problems(job)
     verdict = checkpoint_verdict(job, run_dir)
     problems += conflict_problems(verdict)
+    problems += ledger.quota_problems(job, run_dir)
+    if sweep is not None:  # the estimates of the members accepted so far count against the sweep's budget
+        problems += ledger.sweep_budget_problems(job, [r["gpu_hours"] for r in sweep.outcomes or []
+                                                       if r.get("gpu_hours") and r["status"] not in ("refused", "failed")])
     if not job.force:  # a failed `launch/preflight.py` of this run blocks the real submission
         from launch.preflight_checks import preflight_problems
 

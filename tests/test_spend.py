@@ -129,3 +129,65 @@ def test_on_slurm_the_spend_is_slurms_accounting_of_every_attempt(tmp_path):
     assert "spent 12 GPU-hours (Slurm accounting) >= budget 10 GPU-hours" in p.arithmetic
     slurm = FakeSlurm(fail={"sacct"}, fail_words="sacct: error: Slurm accounting storage is disabled")
     assert spent(job, run_dir, runner=slurm) == (pytest.approx(8 * 60 / 3600), "events")
+
+
+# ---- quotas and a sweep's budget at submit ------------------------------------------------------------------------
+
+def _team_run(root: Path, name: str, account: str, spans: list) -> None:
+    """A run directory another submission left: its config.yaml names the account, its events the attempts."""
+    d = root / name
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text(f"cluster:\n  account: {account}\n  nodes: 2\n  gpus_per_node: 8\n")
+    (d / "events.jsonl").write_text("".join(
+        json.dumps({"event": "job_start", "time": a, "world_size": 16}) + "\n"
+        + json.dumps({"event": "exit", "time": b}) + "\n" for a, b in spans))
+
+
+def test_a_job_over_what_is_left_of_its_accounts_quota_is_refused_with_the_arithmetic(tmp_path):
+    from datetime import datetime
+
+    from launch.ledger import period_start, quota_problems
+
+    now = datetime(2026, 12, 20, 12, 0).timestamp()
+    month = period_start("month", now)
+    root = tmp_path / "runs"
+    _team_run(root, "a", "llm", [(month + 3600, month + 3600 + 2000 * 3600 / 16)])  # 2,000 GPU-hours this month
+    _team_run(root, "b", "llm", [(month - 7200, month + 3600)])  # 16 GPU-hours of it in this month
+    _team_run(root, "c", "vision", [(month, month + 10**6)])  # another team's run
+    quotas = tmp_path / "quotas.yaml"
+    quotas.write_text("period: month\nquotas:\n  llm: 50000\n  vision: 1000\n")
+    job = compose_job(["cluster=lustre", "model=7b", f"cluster.run_root={root}", "cluster.account=llm",
+                       f"cluster.quota_file={quotas}"])
+    (p,) = quota_problems(job, root / "7b", now=now)
+    assert p.field == "cluster.quota_file" and "account llm's quota" in p.message
+    assert p.arithmetic.startswith(f"account llm: quota 50,000 GPU-hours per month - spent 2,016 by 2 run(s) under "
+                                   f"{root} since 2026-12-01 = 47,984 left < this job's estimate 48,")
+    assert p.fix.startswith("set training.train_iters=") and p.fix.endswith("or wait for the next month")
+    quotas.write_text("period: month\nquotas:\n  llm: 60000\n")
+    assert quota_problems(job, root / "7b", now=now) == []
+    quotas.write_text("period: fortnight\nquotas: {llm: 1}\n")
+    (bad,) = quota_problems(job, root / "7b", now=now)
+    assert bad.message == "not a quota file" and "fortnight" not in bad.arithmetic
+    quotas.write_text("quotas: {vision: 1}\n")
+    (acct,) = quota_problems(job, root / "7b", now=now)
+    assert acct.field == "cluster.account" and "account 'llm' not in" in acct.arithmetic
+    quotas.write_bytes(b"\x00\xff")
+    (binary,) = quota_problems(job, root / "7b", now=now)
+    assert binary.message == "the quota file cannot be read"
+
+
+def test_sweep_members_past_the_sweeps_budget_are_refused_in_the_summary_table(tmp_path):
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    proc = subprocess.run([sys.executable, str(repo / "launch" / "pretrain.py"), "-m", "cluster=lustre", "model=7b",
+                           f"cluster.run_root={tmp_path / 'runs'}", "parallelism.tp=2,4,8", "dry_run=true",
+                           "run.sweep_budget_gpu_hours=150000"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    rows = {ln.split()[0]: ln for ln in proc.stderr.splitlines() if ln.startswith("7b_tp")}
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    statuses = {k: v.split()[2] for k, v in rows.items()}
+    assert statuses == {"7b_tp2": "ok", "7b_tp4": "ok", "7b_tp8": "refused"}, rows
+    assert "run.sweep_budget_gpu_hours: this member would exceed the sweep's remaining budget" in rows["7b_tp8"]
+    assert "arithmetic: 2 member(s) accepted" in proc.stderr and "accepted 102,595 + this member 69,095 = 171,690 GPU-hours > sweep budget 150,000 (47,405 left)" in proc.stderr
