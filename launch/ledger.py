@@ -183,7 +183,7 @@ def quota_problems(job: Job, run_dir: Path, *, now: Optional[float] = None) -> l
         return []
     arithmetic = (f"account {quota.account}: quota {spend.fmt(quota.hours)} {u} per {quota.period} - spent "
                   f"{spend.fmt(used)} by {runs} run(s) under {job.cluster.run_root}{when} = {spend.fmt(left)} left "
-                  f"{'<' if need > left else '<='} {what}" + (f" = {spend.fmt(need)}" if est is not None else ""))
+                  f"{'<' if need > left else '<='} {what}" + (f" = {spend.fmt(need)}" if mine and est is not None else ""))
     iters = job.iterations or 0
     buys = int(iters * max(0.0, left) / est) if est else 0
     nxt = "" if since is None else f", or wait for the next {quota.period}"

@@ -11,7 +11,7 @@ boundary all ranks agree, save, commit, and exit 42 after rank 0 asked for a req
 
 Exit codes (:mod:`recovery.policy`): 0 completed, 42 checkpointed on a stop signal and
 requeue requested, 3 zero-progress guard, 4 max restarts, 1 crash (or a refused checkpoint),
-11 stopped on a NaN. A hang is ended by the rank's watcher (:mod:`recovery.watchdog`): SIGKILL.
+11 stopped on a NaN, 16 the budget is spent (checkpointed), 17 out of GPU memory. A hang is ended by the rank's watcher (:mod:`recovery.watchdog`): SIGKILL.
 
 Test hooks, environment switches read by :class:`train.context.Hooks` (never set them in production):
 
@@ -40,6 +40,8 @@ Test hooks, environment switches read by :class:`train.context.Hooks` (never set
     the first K commits of each attempt fail with EIO on rank 0 (sync and async alike).
 ``SLURMTRON_TEST_ASYNC_HANG_AT`` = ``N``
     the forked asynchronous writer of step N sleeps ``SLURMTRON_TEST_HANG_S`` before writing (a stuck writer).
+``SLURMTRON_TEST_OOM_AT_ITER``
+    every rank raises ``torch.cuda.OutOfMemoryError`` at iteration N (the OOM forensics without a GPU).
 ``SLURMTRON_TEST_OVERFLOW_AT_ITER`` = ``N[,M...]``
     after the backward pass of those iterations every rank sets its gradients to inf: with fp16 a
     loss-scale overflow (the step is skipped and the scale lowered), otherwise a non-finite grad norm.

@@ -18,7 +18,14 @@ preflight is ``python launch/preflight.py``. The steps:
    first attempt's bit for bit (the worker logs ``repr(float)``);
 3. **preflight**: ``launch/preflight.py`` on the same device (grad flow, checkpoint round trip,
    parity against the one-process reference);
-4. **versions**: ``nvidia-smi``, torch, CUDA, NCCL, Megatron-Core, TransformerEngine.
+4. **memory**: the train step's measured peak allocated (``torch.cuda.memory_stats()`` in its iteration events),
+   reserved, gap and ``num_alloc_retries`` against the planner's per-GPU estimate of the same layout
+   (``memory_plan.json``, as ``pretrain.py`` writes it); ``--cpu``: the RSS, no peak;
+5. **oom**: one deliberate out-of-memory through the real worker: on the GPU the 1.3B at a micro-batch no GPU holds
+   (a real ``torch.cuda.OutOfMemoryError`` in the first forward), with ``training.oom_snapshot=true``; ``--cpu``:
+   the tiny model with the injected one (``SLURMTRON_TEST_OOM_AT_ITER``). Its exit code (17), the ``oom`` stop's
+   line (the planner's estimate and fixes) and the forensics files under ``oom/``;
+6. **versions**: ``nvidia-smi``, torch, CUDA, NCCL, Megatron-Core, TransformerEngine.
 
 Results: ``<out>/results.json`` plus the logs, at most 8 files directly in ``<out>``. The run
 directories (1.3B: about 18 GB per checkpoint, two at a time) live in a temporary directory on
@@ -56,12 +63,14 @@ PROFILES = {
                        "training.micro_batch_size=4", "training.global_batch_size=16"],
                 preflight=["model=125m", "cluster.gpu=h200", "cluster.gpu_memory_gb=141", "training.precision=bf16",
                            "training.micro_batch_size=4", "training.global_batch_size=8"],
-                k=20),
+                k=20,
+                oom=["training.micro_batch_size=256", "training.global_batch_size=256", "parallelism.recompute=none",
+                     "training.oom_snapshot=true"], oom_env={}),
     "cpu": dict(model=["model=tiny", "cluster.gpu=cpu", "training.precision=fp32",
                        "training.micro_batch_size=2", "training.global_batch_size=4"],
                 preflight=["model=tiny", "cluster.gpu=cpu", "training.precision=fp32",
                            "training.micro_batch_size=2", "training.global_batch_size=4"],
-                k=3),
+                k=3, oom=["training.oom_snapshot=true"], oom_env={"SLURMTRON_TEST_OOM_AT_ITER": "1"}),
 }
 COMMON = ["cluster=local", "cluster.gpus_per_node=1", "parallelism=tp1", "data=mock", "training.train_tokens=null",
           "training.log_interval=1", "training.lr_warmup_iters=2", "training.keep_checkpoints=3",
@@ -81,9 +90,9 @@ def overrides(mode: str, run_root: Path, k: int) -> list[str]:
         f"training.checkpoint_interval={k}", "training.async_save=true"]  # step k async, the final k + 1 sync
 
 
-def start_rank(run_dir: Path, attempt: int, log: Path, timeout_s: float) -> int:
+def start_rank(run_dir: Path, attempt: int, log: Path, timeout_s: float, extra_env: dict | None = None) -> int:
     """``python -m train.worker RUN_DIR`` as rank 0 of 1, with the local launcher's variables."""
-    env = rank_env(os.environ, 0, 1, free_port(), attempt, str(REPO))
+    env = rank_env({**os.environ, **(extra_env or {})}, 0, 1, free_port(), attempt, str(REPO))
     env.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     with open(log, "ab") as out:
         proc = subprocess.run([sys.executable, "-u", "-m", "train.worker", str(run_dir)], cwd=REPO, env=env,
@@ -174,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = scratch / "kit"  # <cluster.run_root>/<run.name>
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(job_to_yaml(job))
+        plan = write_plan(job, run_dir)
         results["model"] = {"name": job.model.name, "layers": job.model.num_layers, "hidden": job.model.hidden_size,
                             "seq": job.model.seq_length, "precision": job.training.precision,
                             "micro_batch": job.training.micro_batch_size, "global_batch": job.training.global_batch_size}
@@ -187,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         first = step_losses(events, 0)
         secs = [e["seconds"] for e in events if e["event"] == "iteration" and e["step"] >= 3]
         results["train"]["step_s_median"] = statistics.median(secs) if secs else None
+        results["memory"] = memory_vs_plan(events, plan)
         write()
         if code != 0:
             say(f"train: the worker exited {code}; see train.log")
@@ -246,14 +257,71 @@ def main(argv: list[str] | None = None) -> int:
             doc = json.loads(report.read_text()) if report.exists() else {}
             results["preflight"] = {"exit_code": proc.returncode, "verdict": doc.get("verdict"),
                                     "checks": {c["check"]: c["verdict"] for c in doc.get("checks", [])}}
+        # ---- 5. one deliberate out-of-memory and its forensics ------------------------------
+        if left() < 30:
+            results["oom"] = {"skipped": f"time budget ({args.budget_s:g} s) spent"}
+        else:
+            say("oom: a deliberate out-of-memory through the worker")
+            results["oom"] = deliberate_oom(mode, scratch, out, max(60.0, left()))
+            write()
         results["ok"] = bool(results["train"]["exit_code"] == 0 and results["resume"]["bitwise_equal"]
-                             and results.get("preflight", {}).get("exit_code") == 0)
+                             and results.get("preflight", {}).get("exit_code") == 0
+                             and results.get("oom", {}).get("exit_code") in (None, 17))
         write()
         say(f"done: ok={results['ok']}; {out / 'results.json'}")
         return 0 if results["ok"] else 1
     finally:
         write()
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def write_plan(job, run_dir: Path) -> dict:
+    """``memory_plan.json`` as ``launch/pretrain.py`` writes it at submit (the ranks read it)."""
+    from launch.planner.memory import memory_plan
+
+    plan = memory_plan(job)
+    (run_dir / "memory_plan.json").write_text(json.dumps(plan))
+    return plan
+
+
+def memory_vs_plan(events: list[dict], plan: dict) -> dict:
+    """The measured memory of the train step (its iteration events) beside the planner's estimate, in GiB."""
+    its = [e for e in events if e["event"] == "iteration"]
+    gib = 2 ** 30
+
+    def top(key: str):
+        vals = [e[key] for e in its if isinstance(e.get(key), (int, float))]
+        return max(vals) / gib if vals else None
+
+    peak = top("mem_peak")
+    retries = [e["mem_alloc_retries"] for e in its if "mem_alloc_retries" in e]
+    return {"planner_gib": plan["total_gib"], "planner_terms_gib": plan["terms"], "planner_breakdown": plan["breakdown"],
+            "measured_peak_allocated_gib": peak, "measured_reserved_gib": top("mem_reserved"),
+            "measured_gap_gib": top("mem_gap"), "alloc_retries": max(retries) if retries else None,
+            "rss_gib": top("mem_rss"),
+            "planner_over_measured": plan["total_gib"] / peak if peak else None,
+            "fragmentation_events": sum(e["event"] == "memory_fragmentation" for e in events)}
+
+
+def deliberate_oom(mode: str, scratch: Path, out: Path, timeout_s: float) -> dict:
+    """One out-of-memory through the real worker (PROFILES[mode]["oom"]): the stop, its line and its files."""
+    prof = PROFILES[mode]
+    job = compose_job(prof["model"] + COMMON + [f"cluster.run_root={scratch}", "run.name=oom", "training.train_iters=2",
+                                                "training.checkpoint_interval=100", *prof["oom"]])
+    run_dir = scratch / "oom"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(job_to_yaml(job))
+    plan = write_plan(job, run_dir)
+    t0 = time.monotonic()
+    code = start_rank(run_dir, 0, out / "oom.log", timeout_s, prof["oom_env"])
+    events = read_events(job.paths_at(run_dir).events)
+    stop = next((e for e in events if e["event"] == "stop"), {})
+    files = sorted(p.name for p in (run_dir / "oom").glob("*")) if (run_dir / "oom").exists() else []
+    return {"exit_code": code, "seconds": round(time.monotonic() - t0, 1), "reason": stop.get("reason"),
+            "detail": stop.get("detail"), "files": files, "planner_gib": plan["total_gib"],
+            "planner_says": [f"{p.field}: {p.message}" for p in check(job)] or "fits",
+            "measured_peak_allocated_gib": stop["mem_peak"] / 2 ** 30 if isinstance(stop.get("mem_peak"), (int, float))
+            else None}
 
 
 def _commit() -> str:
