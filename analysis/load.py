@@ -8,6 +8,7 @@ event log; anything else is a log.
 """
 from __future__ import annotations
 
+import json
 import os
 import stat
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ class RunInputs:
     config: dict[str, Any] | None = None
     skipped: dict[str, int] = field(default_factory=dict)
     validation: pd.DataFrame | None = None  # Megatron's "validation loss at iteration N" lines
+    memory_plan: dict[str, Any] | None = None  # the planner's memory estimate written at submit (memory_plan.json)
 
 
 def parse_log_file(path: str | os.PathLike, chunk_bytes: int = DEFAULT_CHUNK_BYTES):
@@ -224,4 +226,15 @@ def _parse_run_dir(d: Path, chunk_bytes: int) -> RunInputs:
         files.append(paths.events)
     # sacct dumps: any top-level text file whose first line is a sacct header (sacct.txt, sacct_D.txt ...)
     files += [f for f in sorted(d.iterdir()) if f.is_file() and f.suffix in (".txt", ".psv", "") and _is_sacct(f)]
-    return _parse(d.name, files, read_config(paths.config), chunk_bytes)
+    run = _parse(d.name, files, read_config(paths.config), chunk_bytes)
+    run.memory_plan = read_memory_plan(paths.memory_plan)
+    return run
+
+
+def read_memory_plan(path: Path) -> dict[str, Any] | None:
+    """``memory_plan.json`` (JSON, never a pickle) when it holds an estimate, else None."""
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("total_gib"), (int, float)) else None

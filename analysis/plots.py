@@ -12,7 +12,7 @@ import pandas as pd  # noqa: E402
 
 from launch.kinds import Cause  # noqa: E402
 
-__all__ = ["plot_timeline", "plot_loss_by_step", "plot_goodput", "plot_mfu_by_layout"]
+__all__ = ["plot_timeline", "plot_loss_by_step", "plot_goodput", "plot_mfu_by_layout", "plot_memory"]
 
 
 def _colour(cause) -> str:
@@ -103,6 +103,31 @@ def plot_loss_by_step(m: pd.DataFrame, intr: pd.DataFrame, path: Path, title: st
     ax.set_title(plain(title) or "lm loss by step")
     if len(m):
         ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+MEMORY_SERIES = (("mem_allocated", "allocated"), ("mem_reserved", "reserved"), ("mem_peak", "peak allocated"),
+                 ("mem_gap", "reserved - allocated"), ("mem_rss", "resident set (CPU)"))
+
+
+def plot_memory(mem: pd.DataFrame, path: Path, plan_gib: float | None = None, title: str = "") -> Path:
+    """Rank 0's memory at each logged step (the ``iteration`` events' ``mem_*`` fields, GiB) with the planner's
+    per-GPU estimate of the layout as a dashed line (GPU runs: the estimate is of the device's memory)."""
+    fig, ax = plt.subplots(figsize=(10, 3.2))
+    gpu = "mem_allocated" in mem and mem["mem_allocated"].notna().any()
+    for col, label in MEMORY_SERIES:
+        if col in mem and mem[col].notna().any():
+            ax.plot(mem["step"], mem[col] / 2**30, ".-", ms=3, lw=0.9, label=label)
+    if plan_gib is not None and gpu:
+        ax.axhline(plan_gib, color="black", ls="--", lw=1, label=f"planner estimate {plan_gib:.1f} GiB")
+    ax.set_xlabel("iteration")
+    _integer_ticks(ax)
+    ax.set_ylabel("GiB")
+    ax.set_title(plain(title) or "memory by step")
+    ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

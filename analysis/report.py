@@ -28,7 +28,7 @@ from analysis.mfu import (
     RunShape, attempt_summary, layout_summary, regression_flags, shape_from_config, step_metrics, straggler_flags,
 )
 from analysis.document import counts, csv_safe, num, pct, to_html, to_markdown
-from analysis.plots import plot_goodput, plot_loss_by_step, plot_mfu_by_layout, plot_timeline
+from analysis.plots import MEMORY_SERIES, plot_goodput, plot_loss_by_step, plot_memory, plot_mfu_by_layout, plot_timeline
 from analysis.slice_end import report_line
 from launch.kinds import Cause, EventKind
 from launch.paths import RunDirError, given_run_dir
@@ -297,11 +297,18 @@ def main(argv: list[str] | None = None) -> int:
             s["validation"] = [{"iteration": int(r.iteration), "val_loss": _num(r.val_loss), "val_ppl": _num(r.val_ppl)}
                                for r in val.itertuples()]
         gp = plot_goodput(res["goodput"], out / f"goodput_{safe}.png")
+        mem = memory_table(run)
+        plan = run.memory_plan
+        memory_fig = [(plot_memory(mem, out / f"memory_{safe}.png", plan["total_gib"] if plan else None,
+                                   title=f"{run.name}: memory by step (rank 0)"),
+                       "rank 0's memory at each logged step" + (
+                           f"; dashed: the planner's estimate for {plan.get('layout')} ({plan.get('breakdown')})"
+                           if plan and "mem_allocated" in mem else ""))] if len(mem) else []
         body += run_blocks(run.name, s, res, args, reason, [
             (ls, "lm loss against the step: each attempt in its own colour; a resumed attempt redoes the steps "
                  "after its checkpoint" + ("; black squares: validation loss" if len(val) else "")),
             (tl, "lm loss and throughput against wall-clock time; dashed lines are interruptions (colour = cause)"),
-            (gp, "where the allocated time went (hours)")])
+            (gp, "where the allocated time went (hours)")] + memory_fig)
 
     say(f"writing iterations.csv, interruptions.csv, summary.json, report.md and report.html to {out}")
     all_it = pd.concat(its, ignore_index=True) if its else pd.DataFrame()
@@ -378,6 +385,17 @@ def mfu_missing_reason(run: RunInputs, m: pd.DataFrame, gpu_flag: str | None) ->
     if gpu in (None, "", "cpu"):
         return f"cluster.gpu is {gpu or 'unset'}: no accelerator peak FLOP/s to compare against"
     return f"no dense peak for cluster.gpu {gpu!r}"
+
+
+def memory_table(run: RunInputs) -> pd.DataFrame:
+    """Rank 0's memory at each logged step, from the ``iteration`` events' ``mem_*`` fields (empty without them)."""
+    ev = run.events
+    cols = [c for c, _ in MEMORY_SERIES]
+    if ev is None or ev.empty or "event" not in ev or not any(c in ev for c in cols):
+        return pd.DataFrame(columns=["step", *cols])
+    its = ev[ev["event"] == "iteration"]
+    out = its.reindex(columns=["step", *cols]).apply(pd.to_numeric, errors="coerce")
+    return out.dropna(subset=["step"]).drop_duplicates("step", keep="last").sort_values("step")
 
 
 def s_validation(s: dict) -> pd.DataFrame:
