@@ -113,3 +113,6 @@ def test_an_out_of_memory_is_a_final_oom_stop_with_its_forensics_and_the_memory_
                           capture_output=True, text=True, timeout=600).returncode == 0
     rows = (report / "interruptions.csv").read_text()
     assert ",oom," in rows and "planner estimate" in rows, rows
+    md = (report / "report.md").read_text()
+    assert "spend: " in md and "process-hours of a 1 process-hours budget" in md
+    assert (report / "memory_m.png").stat().st_size > 0 and "rank 0's memory at each logged step" in md
