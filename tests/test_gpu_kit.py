@@ -41,7 +41,7 @@ def test_gpu_kit_cpu_mode(tmp_path: Path) -> None:
     assert mem["planner_gib"] > 0 and "weights" in mem["planner_breakdown"] and mem["rss_gib"] > 0
     assert mem["measured_peak_allocated_gib"] is None and mem["planner_over_measured"] is None
     oom = r["oom"]
-    assert oom["exit_code"] == 17 and oom["reason"] == "oom" and "planner estimate" in oom["detail"]
+    assert oom["exit_code"] == 18 and oom["reason"] == "oom" and "planner estimate" in oom["detail"]
     assert oom["files"] == ["local_0_rank0.memory_summary.txt"]  # no snapshot without CUDA
     assert r["preflight"]["checks"]["grad_flow"] == "PASS"
     assert r["preflight"]["checks"]["checkpoint_roundtrip"] == "PASS"

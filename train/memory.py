@@ -11,7 +11,7 @@ reserved-vs-allocated growing across steps is fragmentation, and ``num_alloc_ret
 
 A CUDA out-of-memory on any rank is caught (:func:`oom_stop`): the rank writes ``torch.cuda.memory_summary()`` (and,
 with ``training.oom_snapshot=true``, the allocator snapshot recorded since the start) under ``<run_dir>/oom/``,
-records a ``stop`` with reason ``oom`` (exit 17, final: a deterministic OOM does not fix itself on a requeue) with
+records a ``stop`` with reason ``oom`` (exit 18, final: a deterministic OOM does not fix itself on a requeue) with
 the planner's estimate beside the measured peak and the planner's fixes.
 
 Torch is imported only inside the functions that need it: the pure parts are unit-tested without a GPU.

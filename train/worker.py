@@ -234,7 +234,7 @@ def _run_reporting(ctx: RankContext) -> int:
 
 def _oom_stop(ctx: RankContext, e: BaseException) -> int:
     """This rank ran out of GPU memory: write the forensics under ``<run_dir>/oom/`` (:mod:`train.memory`), record a
-    final ``oom`` stop from this rank (rank 0 may be a healthy peer whose collective breaks next) and exit 17."""
+    final ``oom`` stop from this rank (rank 0 may be a healthy peer whose collective breaks next) and exit 18."""
     from recovery.events import EventLog
     from recovery.policy import EXIT_OOM
     from train import memory

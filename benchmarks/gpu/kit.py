@@ -23,7 +23,7 @@ preflight is ``python launch/preflight.py``. The steps:
    (``memory_plan.json``, as ``pretrain.py`` writes it); ``--cpu``: the RSS, no peak;
 5. **oom**: one deliberate out-of-memory through the real worker: on the GPU the 1.3B at a micro-batch no GPU holds
    (a real ``torch.cuda.OutOfMemoryError`` in the first forward), with ``training.oom_snapshot=true``; ``--cpu``:
-   the tiny model with the injected one (``SLURMTRON_TEST_OOM_AT_ITER``). Its exit code (17), the ``oom`` stop's
+   the tiny model with the injected one (``SLURMTRON_TEST_OOM_AT_ITER``). Its exit code (18), the ``oom`` stop's
    line (the planner's estimate and fixes) and the forensics files under ``oom/``;
 6. **versions**: ``nvidia-smi``, torch, CUDA, NCCL, Megatron-Core, TransformerEngine.
 
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
             write()
         results["ok"] = bool(results["train"]["exit_code"] == 0 and results["resume"]["bitwise_equal"]
                              and results.get("preflight", {}).get("exit_code") == 0
-                             and results.get("oom", {}).get("exit_code") in (None, 17))
+                             and results.get("oom", {}).get("exit_code") in (None, 18))
         write()
         say(f"done: ok={results['ok']}; {out / 'results.json'}")
         return 0 if results["ok"] else 1
