@@ -149,7 +149,7 @@ class RunDirSnapshot:
         while not probe.exists() and probe != probe.parent:
             created, probe = probe, probe.parent
         files = {}
-        for path in (paths.config, paths.script, paths.stop_request):
+        for path in (paths.config, paths.script, paths.stop_request, paths.memory_plan):
             try:
                 files[path] = path.read_bytes() if path.exists() else None
             except OSError:
