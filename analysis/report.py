@@ -393,7 +393,7 @@ def memory_table(run: RunInputs) -> pd.DataFrame:
     cols = [c for c, _ in MEMORY_SERIES]
     if ev is None or ev.empty or "event" not in ev or not any(c in ev for c in cols):
         return pd.DataFrame(columns=["step", *cols])
-    its = ev[ev["event"] == "iteration"]
+    its = ev[ev["event"] == EventKind.ITERATION]
     out = its.reindex(columns=["step", *cols]).apply(pd.to_numeric, errors="coerce")
     return out.dropna(subset=["step"]).drop_duplicates("step", keep="last").sort_values("step")
 

@@ -22,6 +22,8 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional, Sequence
 
+from launch.kinds import EventKind
+
 THRESHOLDS = (0.5, 0.8, 0.95)  # fractions of the budget that are a WARNING line and a budget_warning event
 PROJECTED = "projected"  # the budget_warning of the spend projected to the target
 _GPU_TRES = re.compile(r"gres/gpu(?::[^=,]*)?=(\d+)")
@@ -45,7 +47,7 @@ def _attempts(events: Sequence[Mapping], world_size: int) -> list[list]:
         t = _number(e.get("time"))
         if t is None:
             continue
-        if e.get("event") == "job_start":
+        if e.get("event") == EventKind.JOB_START:
             ws = _number(e.get("world_size"))
             out.append([int(ws) if ws and ws >= 1 else world_size, t, t])
         elif out:
@@ -156,7 +158,7 @@ def announced(events: Iterable[Mapping], budget: float) -> set:
     raised budget starts its own warnings."""
     out: set = set()
     for e in events:
-        if e.get("event") == "budget_warning" and _number(e.get("budget")) == float(budget):
+        if e.get("event") == EventKind.BUDGET_WARNING and _number(e.get("budget")) == float(budget):
             thr = e.get("threshold")
             out.add(thr if thr == PROJECTED else _number(thr))
     return out

@@ -150,12 +150,22 @@ class EventKind(StrEnum):
                                   "policy, in_a_row, go_on, detail -- training.on_save_failure (recovery/savefail.py)")
     CHECKPOINT_COST = ("checkpoint_cost", "step, mode (sync|async), blocked_s, durable_s, step_s_during, "
                                           "step_s_outside, steps_during, dip")
-    ITERATION = ("iteration", "step, loss, grad_norm, lr (repr of the float: exact), consumed_samples, seconds -- "
-                              "every training.log_interval steps, like the log line")
+    ITERATION = ("iteration", "step, loss, grad_norm, lr (repr of the float: exact), consumed_samples, seconds, and "
+                              "rank 0's memory: mem_allocated, mem_reserved, mem_peak, mem_gap, mem_alloc_retries "
+                              "(GPU), mem_rss (CPU) -- every training.log_interval steps, like the log line")
+    BUDGET_WARNING = ("budget_warning", "threshold (0.5|0.8|0.95|projected), step, spent, budget, projected, source "
+                                        "(sacct|events), unit -- the run's spend passed that fraction of "
+                                        "run.budget_gpu_hours (train/budget.py)")
+    BUDGET_UNAVAILABLE = ("budget_unavailable", "detail -- the ledger could not be read at the attempt's start (this "
+                                                "attempt counts alone)")
+    MEMORY_FRAGMENTATION = ("memory_fragmentation", "rank, symptom (gap|alloc_retries), detail, step, first_step, "
+                                                    "window, mem_* -- the reserved-allocated gap or the allocator's "
+                                                    "retries grew over training.memory_window (train/memory.py)")
     STOP = ("stop", "reason, code, detail -- an attempt refused or ended: zero_progress|max_restarts|crash|hang|"
                     "checkpoint_mismatch|unsupported_software|...; or, after a stop checkpoint (recovery/stop.py), "
                     "who stopped it (a decided cause, undecided, local_signal, requeue_signal), with requeue (bool), "
-                    "evidence (Slurm's answer), step and saved")
+                    "evidence (Slurm's answer), step and saved; budget (step, the ledger in detail); oom (written by "
+                    "the rank that ran out: oom_rank, files, mem_*)")
     EXIT = ("exit", "reason (completed|requeue|stopped|signal|error|hang|unsupported_software|...), code, step")
     PREVIOUS_SLICE_TIMEOUT = ("previous_slice_timeout", "job_id_previous, restart_previous, slurm_state, last_step, "
                                                         "resume_step, steps_lost -- the slice before this one ended "

@@ -304,7 +304,7 @@ def _explain_end(state: RunState, events: list[dict], job: Job) -> None:
     """Slurm's end state, read with the worker's own last word: a drained run is ``stopped``, not ``completed``;
     a slice that ended TIMEOUT without its stop checkpoint says so; each with how to continue."""
     if state.state == "failed" and state.job_id:  # the ranks' budget stop exits 16: Slurm says FAILED
-        mine = [e for e in events if str(e.get("job_id")) == state.job_id and e.get("event") == "exit"]
+        mine = [e for e in events if str(e.get("job_id")) == state.job_id and e.get("event") == EventKind.EXIT]
         if mine and mine[-1].get("reason") == "budget":
             state.state, state.reason = "stopped", _budget_reason(mine[-1])
             return

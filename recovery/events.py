@@ -70,13 +70,23 @@ save_failed                step, cause (storage_error|disk_full|writer_stuck), s
                            policy, in_a_row, go_on, detail -- training.on_save_failure (recovery/savefail.py)
 checkpoint_cost            step, mode (sync|async), blocked_s, durable_s, step_s_during, step_s_outside,
                            steps_during, dip
-iteration                  step, loss, grad_norm, lr (repr of the float: exact), consumed_samples, seconds --
-                           every training.log_interval steps, like the log line
+iteration                  step, loss, grad_norm, lr (repr of the float: exact), consumed_samples, seconds, and
+                           rank 0's memory: mem_allocated, mem_reserved, mem_peak, mem_gap, mem_alloc_retries
+                           (GPU), mem_rss (CPU) -- every training.log_interval steps, like the log line
+budget_warning             threshold (0.5|0.8|0.95|projected), step, spent, budget, projected, source
+                           (sacct|events), unit -- the run's spend passed that fraction of run.budget_gpu_hours
+                           (train/budget.py)
+budget_unavailable         detail -- the ledger could not be read at the attempt's start (this attempt counts
+                           alone)
+memory_fragmentation       rank, symptom (gap|alloc_retries), detail, step, first_step, window, mem_* -- the
+                           reserved-allocated gap or the allocator's retries grew over training.memory_window
+                           (train/memory.py)
 stop                       reason, code, detail -- an attempt refused or ended:
                            zero_progress|max_restarts|crash|hang|checkpoint_mismatch|unsupported_software|...; or,
                            after a stop checkpoint (recovery/stop.py), who stopped it (a decided cause, undecided,
                            local_signal, requeue_signal), with requeue (bool), evidence (Slurm's answer), step and
-                           saved
+                           saved; budget (step, the ledger in detail); oom (written by the rank that ran out:
+                           oom_rank, files, mem_*)
 exit                       reason (completed|requeue|stopped|signal|error|hang|unsupported_software|...), code,
                            step
 previous_slice_timeout     job_id_previous, restart_previous, slurm_state, last_step, resume_step, steps_lost --

@@ -15,6 +15,7 @@ import time
 from typing import Any, Callable, Optional
 
 from analysis import spend
+from launch.kinds import EventKind
 
 SCALE = 1e9  # hours travel through the int64 all-reduce as nano-hours
 
@@ -74,13 +75,13 @@ class BudgetGuard:
         for thr in spend.crossed(led.fraction or 0.0, self.done):
             self.done.add(thr)
             ctx.log(spend.warning_text(thr, led))
-            ctx.emit("budget_warning", threshold=thr, step=step, spent=led.spent, budget=self.budget,
+            ctx.emit(EventKind.BUDGET_WARNING, threshold=thr, step=step, spent=led.spent, budget=self.budget,
                      projected=led.projected, source=self.source, unit=self.unit)
         if (led.projected is not None and led.projected > self.budget and not led.over
                 and spend.PROJECTED not in self.done):
             self.done.add(spend.PROJECTED)
             ctx.log(spend.projected_text(led))
-            ctx.emit("budget_warning", threshold=spend.PROJECTED, step=step, spent=led.spent, budget=self.budget,
+            ctx.emit(EventKind.BUDGET_WARNING, threshold=spend.PROJECTED, step=step, spent=led.spent, budget=self.budget,
                      projected=led.projected, source=self.source, unit=self.unit)
         return led if led.over else None
 
@@ -102,6 +103,6 @@ def build(ctx: Any, iters: int, *, runner: Optional[Callable[..., Any]] = None,
         except Exception as exc:  # the ledger is a guard; a failure to read it is said, not a crash
             print(f"WARNING: budget: the run's spend cannot be read ({type(exc).__name__}: {exc}); counting this "
                   "attempt only", flush=True)
-            ctx.emit("budget_unavailable", detail=f"{type(exc).__name__}: {exc}"[:500])
+            ctx.emit(EventKind.BUDGET_UNAVAILABLE, detail=f"{type(exc).__name__}: {exc}"[:500])
     announced = spend.announced(read_events(ctx.paths.events), b)
     return BudgetGuard(job, base_hours=base, source=source, announced=announced, iters=iters, clock=clock)

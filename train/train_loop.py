@@ -394,7 +394,7 @@ class Meter:
         finding = self.fragmentation.add(iteration, mem)
         if finding is not None:  # this rank's own log says it; rank 0's event log records rank 0's
             print(f"WARNING: rank {ctx.rank}: memory fragmentation: {finding['detail']}", flush=True)
-            ctx.emit("memory_fragmentation", rank=ctx.rank, **finding)
+            ctx.emit(EventKind.MEMORY_FRAGMENTATION, rank=ctx.rank, **finding)
         if getattr(ctx, "tracker", None) is not None:  # TensorBoard/W&B under Megatron-LM's names (train/tracking.py)
             tokens = t.global_batch_size * ctx.job.model.seq_length
             ctx.tracker.scalars(iteration, {

@@ -251,9 +251,9 @@ def _oom_stop(ctx: RankContext, e: BaseException) -> int:
     detail = memory.forensics_line(f"{type(e).__name__}: {e}", mem, memory.read_plan(ctx.paths.memory_plan))
     log = ctx.events if ctx.is_first else EventLog(ctx.paths.events, rank=ctx.rank, job_id=ctx.job_id,
                                                    restart_count=ctx.restart)
-    log.emit("stop", reason="oom", code=EXIT_OOM, detail=detail[:2000], oom_rank=ctx.rank,
+    log.emit(EventKind.STOP, reason="oom", code=EXIT_OOM, detail=detail[:2000], oom_rank=ctx.rank,
              files=[str(f) for f in files], **mem.fields())
-    log.emit("exit", reason="oom", code=EXIT_OOM, step=None)
+    log.emit(EventKind.EXIT, reason="oom", code=EXIT_OOM, step=None)
     print(f"stopping: rank {ctx.rank}: {detail}; forensics: {', '.join(str(f) for f in files) or 'none'} "
           f"(exit {EXIT_OOM}; final: not requeued or relaunched)", flush=True)
     return EXIT_OOM
@@ -528,8 +528,8 @@ def _finish(ctx: RankContext, ckpt, parts, result, judge=None) -> int:
     if result.reason == "budget":
         from recovery.policy import EXIT_BUDGET
 
-        ctx.emit("stop", reason="budget", code=EXIT_BUDGET, detail=result.detail, step=result.state.step)
-        ctx.emit("exit", reason="budget", code=EXIT_BUDGET, step=result.state.step)
+        ctx.emit(EventKind.STOP, reason="budget", code=EXIT_BUDGET, detail=result.detail, step=result.state.step)
+        ctx.emit(EventKind.EXIT, reason="budget", code=EXIT_BUDGET, step=result.state.step)
         ctx.log(f"stopping: {result.detail}")
         return EXIT_BUDGET
 
