@@ -11,9 +11,9 @@ It applies the same policy as a Slurm job with ``--requeue``:
 * every rank exits 0 -> done, return 0;
 * exit 42 (checkpointed on a stop signal, requeue asked) or a crash -> relaunch with
   attempt + 1; the worker's own :func:`recovery.policy.start_decision` ends the chain with
-  3 (zero progress) or 4 (max restarts), which are returned as they are, like every other
-  final code of :data:`recovery.policy.FINAL_CODES` (e.g. 10: this machine's torch or
-  megatron-core cannot run the job, train/versions.py);
+  a final code (zero progress, max restarts), which is returned as it is, like every other
+  final code of :data:`recovery.exit_codes.FINAL_CODES` (e.g. ``EXIT_UNSUPPORTED``: this machine's
+  torch or megatron-core cannot run the job, train/versions.py);
 * one rank dies -> the others are killed (like ``srun --kill-on-bad-exit``);
 * SIGINT/SIGTERM to this launcher are forwarded to the ranks (they save and exit 42), and
   an interrupted run is not relaunched: the user asked it to stop.
@@ -21,7 +21,7 @@ It applies the same policy as a Slurm job with ``--requeue``:
 One writer per run: the launcher takes the run lock (:mod:`recovery.lock`) before anything is
 written into the run and holds it over every attempt (its ranks' rank 0 holds it through
 ``SLURMTRON_LOCK_TOKEN``). A launch of a run that is being trained prints one line naming the
-holder and exits 9 (``EXIT_RUN_LOCKED``) without writing a byte into that run: no rank is
+holder and exits ``EXIT_RUN_LOCKED`` without writing a byte into that run: no rank is
 started, no log or event appended.
 
 :class:`Ranks` is the one local spawner of rank programs: this launcher, the preflight's local
@@ -45,10 +45,8 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence, TextIO
 from launch.dist_env import free_port
 from launch.kinds import EventKind
 from launch.paths import RunPaths
-from recovery.policy import EXIT_RUN_LOCKED, FINAL_CODES, REFUSAL_CODES
+from recovery.exit_codes import EXIT_COMPLETED, EXIT_REQUEUE, EXIT_RUN_LOCKED, FINAL_CODES, FINAL_REASONS, REFUSAL_CODES
 
-EXIT_COMPLETED = 0
-EXIT_REQUEUE = 42
 TERMINAL = FINAL_CODES  # codes after which nothing is relaunched
 WORKER_MODULE = "train.worker"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -365,12 +363,10 @@ def ended_how(result: Attempt) -> str:
 
 def final_words(code: int) -> str:
     """The end of a chain in words: ``ended (exit 0)``, ``stopped: zero_progress (exit 3)``, ..."""
-    from recovery.policy import FINAL_REASONS
-
     if code == EXIT_COMPLETED:
         return "ended (exit 0)"
     if code == EXIT_REQUEUE:
-        return "stopped with a checkpoint (exit 42)"
+        return f"stopped with a checkpoint (exit {EXIT_REQUEUE})"
     reasons = [r for r, c in FINAL_REASONS.items() if c == code]
     return f"stopped: {reasons[0]} (exit {code})" if reasons else f"failed (exit {code})"
 

@@ -20,6 +20,7 @@ from typing import Any, Iterable, Optional, Sequence
 from launch import spares
 from launch.config import Job
 from launch.paths import RunPaths
+from recovery import exit_codes
 
 TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "sbatch_templates"
 CODE_DIR = Path(__file__).resolve().parent.parent
@@ -168,6 +169,7 @@ def shell_body(job: Job, run_dir: str | Path, code_dir: str | Path) -> tuple[lis
         "python": q(c.python),
         "exclusion_flags": "" if c.requeue_allowed else " --no-requeue",
         "requeue_on_crash": "1" if (c.requeue_allowed and job.training.requeue_on_crash) else "0",
+        **exit_codes.shell_values(),
     })
     return setup, command
 

@@ -15,15 +15,15 @@ from srun's exit code (``--kill-on-bad-exit`` turns most endings into 143):
 * ``requeue`` (rank 0 already ran ``scontrol requeue`` after the stop checkpoint),
   ``completed``, ``zero_progress``, ``max_restarts`` or a refusal such as
   ``checkpoint_mismatch`` → leave it: requeueing would only repeat a decision;
-* a ``stop`` whose reason is final (:data:`recovery.policy.FINAL_REASONS`: no loadable
+* a ``stop`` whose reason is final (:data:`recovery.exit_codes.FINAL_REASONS`: no loadable
   checkpoint, another run's checkpoint, a storage error, a full disk, a held run lock,
   torch/megatron-core outside the tested ranges: :mod:`train.versions`) →
   leave it, even if the attempt was killed before writing its ``exit`` event.
 
 Two things outrank the event log, and with either one this process writes nothing at all:
 
-* srun's exit code (``--rc``) is a final code of :data:`recovery.policy.REFUSAL_CODES` (a held run
-  lock 9, software versions 10, a foreign checkpoint 6, storage 7, ...): a refusal is final, another
+* srun's exit code (``--rc``) is a final code of :data:`recovery.exit_codes.REFUSAL_CODES` (a held run
+  lock, software versions, a foreign checkpoint, storage, ...): a refusal is final, another
   attempt would meet it again;
 * the run lock is held by another live Slurm job: this job was refused (a duplicate of the run,
   submitted by hand or by a race), its ranks wrote nothing into the run, and its batch script must not
@@ -36,7 +36,7 @@ so a job whose attempts die before writing any event (a worker that cannot even 
 stops requeueing.
 
 A run directory that does not exist or cannot be read (a missing mount on the nodes) is
-refused: exit :data:`recovery.policy.EXIT_STORAGE` (final), one line, no requeue, and nothing
+refused: exit :data:`recovery.exit_codes.EXIT_STORAGE` (final), one line, no requeue, and nothing
 is created (neither the directory nor its ``events.jsonl``): another attempt would meet the
 same missing directory.
 """
@@ -50,7 +50,7 @@ from typing import Mapping, Optional, Sequence
 
 from launch.kinds import EventKind
 from launch.paths import RunPaths
-from recovery import policy
+from recovery import exit_codes, policy
 from recovery.events import EventLog, read_events
 from recovery.exclusion import requeue_excluding
 from recovery.slurm import Runner, Slurm, default_runner
@@ -67,14 +67,14 @@ def crashed(events: list[dict]) -> tuple[bool, str]:
     """(requeue?, why) from one attempt's events."""
     exits = [e for e in events if e.get("event") == EventKind.EXIT]
     final = [e.get("reason") for e in events
-             if e.get("event") == EventKind.STOP and e.get("reason") in policy.FINAL_REASONS]
+             if e.get("event") == EventKind.STOP and e.get("reason") in exit_codes.FINAL_REASONS]
     if not exits and final:
         return False, f"the attempt stopped for good ({final[-1]}) and was killed before its exit event"
     if not exits:
         return True, "the attempt left no exit event (killed before it could write one)"
     last = exits[-1]
     stops = [e.get("reason") for e in events if e.get("event") == EventKind.STOP]
-    final = [r for r in stops if r in policy.FINAL_REASONS]
+    final = [r for r in stops if r in exit_codes.FINAL_REASONS]
     if final:
         return False, f"the attempt stopped for good ({final[-1]}): another attempt would meet the same refusal"
     said = next((e.get("detail") for e in reversed(events) if e.get("event") == EventKind.STOP), "")
@@ -147,9 +147,9 @@ def judge(run_dir: Path, env: Mapping[str, str], runner: Runner = default_runner
     problem = run_dir_problem(run_dir)
     if problem:  # never create it: a missing mount would otherwise requeue without end
         return Verdict(False, f"{problem}: not requeued (another attempt would meet the same; is its "
-                              f"filesystem mounted on this node?)", policy.EXIT_STORAGE, job_id)
-    if rc is not None and rc in policy.REFUSAL_CODES:
-        return Verdict(False, f"srun exited {rc} ({policy.code_name(rc)}): a refusal is final, another attempt "
+                              f"filesystem mounted on this node?)", exit_codes.EXIT_STORAGE, job_id)
+    if rc is not None and rc in exit_codes.REFUSAL_CODES:
+        return Verdict(False, f"srun exited {rc} ({exit_codes.code_name(rc)}): a refusal is final, another attempt "
                               f"would meet it again; not requeued", 0, job_id)
     holder = foreign_holder(run_dir, job_id, runner)
     if holder is not None:
@@ -194,7 +194,7 @@ def requeue_after_crash(run_dir: Path, env: Mapping[str, str],
         ok, error = r.ok, None if r.ok else r.words
     log.emit(EventKind.REQUEUE, method="scontrol_after_crash", ok=ok, detail=why, error=error,
              **({"exclude": list(exclude)} if exclude else {}))
-    return (policy.EXIT_REQUEUE if ok else 0), why + ("; requeued" if ok else "; scontrol requeue failed")
+    return (exit_codes.EXIT_REQUEUE if ok else 0), why + ("; requeued" if ok else "; scontrol requeue failed")
 
 
 def main(argv: Optional[Sequence[str]] = None, env: Optional[Mapping[str, str]] = None,

@@ -1,52 +1,8 @@
 """The one requeue policy: when to start, when to stop, how to come back.
 
-Exit codes of ``python -m train.worker`` (the Slurm step's exit code, the local launcher's
-relaunch decision and the analysis reports all read these):
-
-====  ====================  ==============================================================
-code  name                  meaning
-====  ====================  ==============================================================
-0     EXIT_COMPLETED        reached train_iters; final checkpoint committed
-1     EXIT_CRASH            an exception; Slurm's --requeue (node failure) or the local
-                            launcher restarts it, the zero-progress guard bounds the loop
-3     EXIT_ZERO_PROGRESS    refused to start: N consecutive restarts made no new checkpoint
-4     EXIT_MAX_RESTARTS     refused to start: restart count above training.max_restarts
-5     EXIT_NO_LOADABLE      refused to start: checkpoints exist and none verifies (none is
-                            overwritten; training.restart_from_scratch=true quarantines them)
-6     EXIT_FOREIGN          refused to start: the newest checkpoint belongs to another run
-7     EXIT_STORAGE          stopped: a checkpoint cannot be read or written (EACCES, EIO,
-                            ESTALE, a missing mount): an environment error, nothing skipped
-8     EXIT_DISK_FULL        stopped: ENOSPC/EDQUOT during a save; the staging directory was
-                            removed, committed checkpoints kept
-9     EXIT_RUN_LOCKED       refused to start: another live attempt holds the run lock
-10    EXIT_UNSUPPORTED      refused to start: torch/megatron-core outside the tested ranges,
-                            or fp8 without TransformerEngine (train/versions.py)
-11    EXIT_NAN              a non-finite loss or grad norm with training.on_nan=stop (or rollbacks
-                            exhausted); nothing non-finite was applied or saved; not requeued
-12    EXIT_UNSAFE_CKPT      refused to start: the checkpoint to resume from holds a pickle that
-                            needs more than checkpoint data types (code could run on load); it was
-                            moved to quarantine/ (recovery/pickle_guard.py)
-13    EXIT_SHARED_CKPT      refused to start: the checkpoint to resume from is writable by other
-                            users (group/world-writable, or owned by another uid);
-                            SLURMTRON_TRUST_SHARED_CHECKPOINTS=1 accepts it
-14    EXIT_BAD_CONFIG       refused to start: the run's config.yaml cannot be read back into a job
-                            (missing, binary, malformed YAML, a field of the wrong type)
-15    EXIT_CKPT_MISMATCH    refused to start: the run's checkpoint cannot be loaded by this job's
-                            configuration (the other optimizer type: parallelism.
-                            distributed_optimizer changed); recovery/start_check.py
-16    EXIT_REPLAY_MISMATCH  stopped: the steps replayed after a resume do not reproduce the losses the
-                            lost attempt logged (recovery/replay.py, training.replay.on_mismatch=stop, the
-                            default when bitwise was expected); nothing deleted: the checkpoint is where it was
-17    EXIT_BUDGET           stopped: the run's spend reached run.budget_gpu_hours; a verified
-                            checkpoint was saved; raise the budget and resubmit (train/budget.py)
-18    EXIT_OOM              stopped: out of GPU memory; the memory summary is under the run
-                            directory's oom/ (train/memory.py): a deterministic OOM does not fix
-                            itself on a requeue
-42    EXIT_REQUEUE          stop signal -> checkpoint committed -> asked Slurm to requeue
-====  ====================  ==============================================================
-
-Codes 3-18 are final (:data:`REFUSAL_CODES`): neither the local launcher nor ``recovery.crash`` starts another
-attempt after them, because another attempt would meet the same refusal (a full disk does
+Exit codes of ``python -m train.worker``: the one table is :data:`recovery.exit_codes.EXIT_CODES` (name, code,
+final or not, meaning); this module re-exports its names. After a final code neither the local launcher nor
+``recovery.crash`` starts another attempt, because another attempt would meet the same refusal (a full disk does
 not empty itself; an unreadable file does not fix its permissions). The run stops with the
 reason in ``events.jsonl`` (a ``stop`` event) and on the terminal.
 
@@ -104,55 +60,12 @@ from typing import Any, Callable, Mapping, Optional
 
 from launch.kinds import EventKind
 from launch.paths import RunPaths
+from recovery.exit_codes import (  # noqa: F401  (re-exported: the policy's vocabulary)
+    EXIT_BAD_CONFIG, EXIT_CKPT_MISMATCH, EXIT_COMPLETED, EXIT_CRASH, EXIT_DISK_FULL, EXIT_FOREIGN, EXIT_MAX_RESTARTS,
+    EXIT_NAN, EXIT_NO_LOADABLE, EXIT_REQUEUE, EXIT_RUN_LOCKED, EXIT_SHARED_CKPT, EXIT_STORAGE, EXIT_UNSAFE_CKPT,
+    EXIT_BUDGET, EXIT_OOM, EXIT_REPLAY_MISMATCH, EXIT_UNSUPPORTED, EXIT_ZERO_PROGRESS, FINAL_CODES, FINAL_REASONS, REFUSAL_CODES, code_name,
+)
 from recovery.slurm import Runner, Slurm, default_runner
-
-EXIT_COMPLETED = 0
-EXIT_CRASH = 1
-EXIT_ZERO_PROGRESS = 3
-EXIT_MAX_RESTARTS = 4
-EXIT_NO_LOADABLE = 5
-EXIT_FOREIGN = 6
-EXIT_STORAGE = 7
-EXIT_DISK_FULL = 8
-EXIT_RUN_LOCKED = 9
-EXIT_UNSUPPORTED = 10
-EXIT_NAN = 11
-EXIT_UNSAFE_CKPT = 12
-EXIT_SHARED_CKPT = 13
-EXIT_BAD_CONFIG = 14
-EXIT_CKPT_MISMATCH = 15
-EXIT_REPLAY_MISMATCH = 16
-EXIT_BUDGET = 17  # run.budget_gpu_hours spent: stopped with a verified checkpoint (raise it and resubmit)
-EXIT_OOM = 18  # out of GPU memory: the memory summary written under <run_dir>/oom/
-EXIT_REQUEUE = 42
-
-# stop reason -> exit code, for every final stop (no requeue, no relaunch)
-FINAL_REASONS = {
-    "zero_progress": EXIT_ZERO_PROGRESS,
-    "max_restarts": EXIT_MAX_RESTARTS,
-    "no_loadable_checkpoint": EXIT_NO_LOADABLE,
-    "foreign_checkpoint": EXIT_FOREIGN,
-    "storage_error": EXIT_STORAGE,
-    "disk_full": EXIT_DISK_FULL,
-    "run_locked": EXIT_RUN_LOCKED,
-    "unsupported_software": EXIT_UNSUPPORTED,
-    "nan": EXIT_NAN,
-    "unsafe_checkpoint": EXIT_UNSAFE_CKPT,
-    "shared_checkpoint": EXIT_SHARED_CKPT,
-    "bad_config": EXIT_BAD_CONFIG,
-    "checkpoint_mismatch": EXIT_CKPT_MISMATCH,
-    "replay_mismatch": EXIT_REPLAY_MISMATCH,
-    "budget": EXIT_BUDGET,
-    "oom": EXIT_OOM,
-}
-REFUSAL_CODES = tuple(sorted(set(FINAL_REASONS.values())))  # "do not retry": never requeued or relaunched
-FINAL_CODES = (EXIT_COMPLETED,) + REFUSAL_CODES
-
-
-def code_name(code: int) -> str:
-    """The reason a final exit code stands for (``run_locked`` for 9), or ``exit <code>``."""
-    names = [r for r, c in FINAL_REASONS.items() if c == code]
-    return names[0] if names else f"exit {code}"
 
 
 @dataclass
