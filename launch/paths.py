@@ -20,7 +20,11 @@ A run directory ``<cluster.run_root>/<run.name>/`` (or ``run.dir``) holds::
     data_cache/         Megatron's index cache of an indexed dataset
     memory_plan.json    the planner's per-GPU memory estimate of the submitted layout (its terms and fixes)
     oom/                out-of-memory forensics: memory_summary / snapshot per rank and attempt
-    checkpoints/        iter_NNNNNNN/ (committed), iter_NNNNNNN.tmp/ (staging), latest
+    run_id              the run's identity, written into every manifest (recovery/identity.py)
+    preflight/          the preflight job's own run: its config.yaml, options.json, logs, checkpoint
+    preflight.json      the preflight's verdict
+    checkpoints/        iter_NNNNNNN/ (committed), iter_NNNNNNN.tmp/ (staging), latest, quarantine/;
+                        iter_NNNNNNN.old (set aside by a commit of the same step), iter_NNNNNNN.del (being pruned)
 
 With ``cluster.checkpoint_root`` set, checkpoints live in ``<checkpoint_root>/<run.name>/`` instead, so two runs
 that share a checkpoint root never share a checkpoint directory (and the directory the batch script stripes with
@@ -29,6 +33,7 @@ that share a checkpoint root never share a checkpoint directory (and the directo
 from __future__ import annotations
 
 import os
+import re
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +59,32 @@ MEMORY_PLAN = "memory_plan.json"
 OOM = "oom"
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
-STAGING_SUFFIX = ".tmp"
+RUN_ID = "run_id"
+PREFLIGHT_DIR = "preflight"  # <run_dir>/preflight/: the preflight job's own config, logs, checkpoint
+PREFLIGHT_REPORT = "preflight.json"
+PREFLIGHT_OPTIONS = "options.json"  # in the preflight directory, beside its config.yaml
+HANG_SUMMARY = "summary.json"  # in each hangs/<attempt>/ directory
+QUARANTINE = "quarantine"  # under the checkpoint directory: never a checkpoint name, never loaded nor pruned
+
+# Checkpoint directory names: iter_NNNNNNN (committed) and its suffixed states.
+CHECKPOINT_PREFIX = "iter_"
+CHECKPOINT_DIGITS = 7
+STAGING_SUFFIX = ".tmp"  # being written by the ranks
+ASIDE_SUFFIX = ".old"  # set aside by a commit of the same step
+DELETE_SUFFIX = ".del"  # being deleted by the prune: garbage, never a candidate
+_CHECKPOINT_NAME = re.compile(rf"^{CHECKPOINT_PREFIX}(\d{{{CHECKPOINT_DIGITS},}})"
+                              rf"({'|'.join(re.escape(x) for x in (STAGING_SUFFIX, ASIDE_SUFFIX, DELETE_SUFFIX))})?$")
+
+
+def checkpoint_name(step: int) -> str:
+    """``iter_0000010`` for step 10: the name of a committed checkpoint directory."""
+    return f"{CHECKPOINT_PREFIX}{int(step):0{CHECKPOINT_DIGITS}d}"
+
+
+def parse_checkpoint_name(name: str) -> Optional[tuple[int, str]]:
+    """``iter_0000010`` -> (10, ''), ``iter_0000010.tmp`` -> (10, '.tmp'); None for any other name."""
+    m = _CHECKPOINT_NAME.match(name)
+    return (int(m.group(1)), m.group(2) or "") if m else None
 
 
 NAME_MAX = 255  # bytes in one path component on Linux filesystems (ext4, xfs, Lustre, NFS)
@@ -275,13 +305,34 @@ class RunPaths:
         (``what``: ``memory_summary.txt`` or ``snapshot.pickle``)."""
         return self.run_dir / OOM / f"{job_id or 'local'}_{attempt}_rank{rank}.{what}"
 
+    @property
+    def run_id(self) -> Path:
+        return self.run_dir / RUN_ID
+
+    @property
+    def preflight_dir(self) -> Path:
+        return self.run_dir / PREFLIGHT_DIR
+
+    @property
+    def preflight_report(self) -> Path:
+        return self.run_dir / PREFLIGHT_REPORT
+
+    @property
+    def preflight_options(self) -> Path:
+        """The preflight job's options; this run directory is the preflight directory itself."""
+        return self.run_dir / PREFLIGHT_OPTIONS
+
+    @property
+    def quarantine(self) -> Path:
+        return self.checkpoints / QUARANTINE
+
     def checkpoint(self, step: int) -> Path:
         """The committed checkpoint of ``step``."""
-        return self.checkpoints / f"iter_{step:07d}"
+        return self.checkpoints / checkpoint_name(step)
 
     def staging(self, step: int) -> Path:
         """Where the ranks write ``step``'s shards before the commit renames it to :meth:`checkpoint`."""
-        return self.checkpoints / f"iter_{step:07d}{STAGING_SUFFIX}"
+        return self.checkpoints / (checkpoint_name(step) + STAGING_SUFFIX)
 
     def rank_log(self, attempt: int, rank: int, prefix: str = "local") -> Path:
         """One rank's output when the ranks run on this machine (``cluster=local``, the tests)."""

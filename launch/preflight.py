@@ -33,7 +33,6 @@ Login-node code: no torch, no megatron (the ranks import them).
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -49,10 +48,11 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from launch.config import Job, PreflightConfig  # noqa: E402
 from launch.paths import RunPaths  # noqa: E402
 from launch.preflight_checks import (  # noqa: E402
-    BREAKAGES, FAIL, PREFLIGHT_DIR, PREFLIGHT_FILE, Report, format_table, read_report, run_failed, write_report,
+    BREAKAGES, FAIL, Report, format_table, read_report, run_failed, write_report,
 )
 from launch.problems import format_problems  # noqa: E402
 from recovery.slurm import default_runner  # noqa: E402
+from recovery.storage import atomic_write_json  # noqa: E402
 
 EXIT_PASS, EXIT_FAIL, EXIT_REFUSED = 0, 1, 2
 USAGE = """usage: python launch/preflight.py [key=value ...]   (the same overrides as launch/pretrain.py)
@@ -92,14 +92,14 @@ def write_preflight_dir(job: Job, opts: PreflightConfig, run_dir: Path, brk: str
     """``<run_dir>/preflight/{config.yaml,options.json}``; removes a previous verdict."""
     from launch.compose import job_to_yaml
 
-    pf_dir = run_dir / PREFLIGHT_DIR
+    pf_dir = RunPaths.of(run_dir).preflight_dir
     paths = RunPaths.of(pf_dir)
     paths.logs.mkdir(parents=True, exist_ok=True)
     paths.config.write_text(job_to_yaml(preflight_job(job, opts)))
-    (pf_dir / "options.json").write_text(json.dumps({
+    atomic_write_json(paths.preflight_options, {
         "steps": opts.steps, "timeout_s": opts.timeout_s, "break": brk, "run_dir": str(run_dir),
-        "keep_checkpoint": opts.keep_checkpoint}, indent=1))
-    old = run_dir / PREFLIGHT_FILE
+        "keep_checkpoint": opts.keep_checkpoint})
+    old = RunPaths.of(run_dir).preflight_report
     if old.exists():
         old.unlink()
     return pf_dir
@@ -134,9 +134,9 @@ def finish(run_dir: Path, pf_dir: Path, codes: Sequence[Optional[int]], out: Tex
                f"see {RunPaths.of(pf_dir).logs}/rank*.out and reference.out")
         checks = (report.checks if report else []) + [run_failed(why)]
         report = Report(checks=checks, world_size=len(codes))
-        write_report(run_dir, report)
+        write_report(run_dir, report, atomic_write_json)
     print(format_table(report), file=out)
-    print(f"wrote {run_dir / PREFLIGHT_FILE}", file=out)
+    print(f"wrote {RunPaths.of(run_dir).preflight_report}", file=out)
     return EXIT_FAIL if report.verdict == FAIL else EXIT_PASS
 
 
@@ -171,17 +171,17 @@ def submit_slurm(job: Job, run_dir: Path, pf_dir: Path, opts: PreflightConfig, *
     except SubmitError as exc:
         print(f"preflight submission failed: {exc}", file=err)
         return EXIT_FAIL
-    print(f"submitted preflight job {job_id}; verdict -> {run_dir / PREFLIGHT_FILE} "
-          f"(log {pf_dir / 'logs'}/{job_id}_0.out)", file=out)
+    print(f"submitted preflight job {job_id}; verdict -> {RunPaths.of(run_dir).preflight_report} "
+          f"(log {RunPaths.of(pf_dir).logs}/{job_id}_0.out)", file=out)
     if not opts.wait:
         return EXIT_PASS
     deadline = clock() + opts.timeout_s + 600  # queue wait included
     while clock() < deadline:
-        if (run_dir / PREFLIGHT_FILE).exists():
+        if (RunPaths.of(run_dir).preflight_report).exists():
             return finish(run_dir, pf_dir, [0], out)
         if not slurm.in_queue(job_id):
             sleep(2.0)  # the verdict is written before the ranks exit; allow for a slow shared filesystem
-            ok = (run_dir / PREFLIGHT_FILE).exists()
+            ok = (RunPaths.of(run_dir).preflight_report).exists()
             return finish(run_dir, pf_dir, [0 if ok else 1], out)
         sleep(5.0)
     print(f"preflight job {job_id}: no verdict after {opts.timeout_s + 600:g} s; check squeue/sacct", file=err)
@@ -229,7 +229,7 @@ def main(argv: Sequence[str], *, runner: Callable[..., Any] = default_runner,
         print(f"WARNING: {BREAK_ENV}={brk} is a test-only breakage; this preflight is meant to FAIL", file=err)
     if job.cluster.launcher == "local":
         print(f"preflight: {job.world_size} local ranks, layout tp={job.parallelism.tp} pp={job.parallelism.pp} "
-              f"dp={job.dp}, {opts.steps} step(s); logs in {pf_dir / 'logs'}", file=out)
+              f"dp={job.dp}, {opts.steps} step(s); logs in {RunPaths.of(pf_dir).logs}", file=out)
         codes = run_local(job, pf_dir, opts.timeout_s, popen=popen, env=env, clock=clock, sleep=sleep)
         return finish(run_dir, pf_dir, codes, out)
     return submit_slurm(job, run_dir, pf_dir, opts, runner=runner, out=out, err=err, clock=clock, sleep=sleep)

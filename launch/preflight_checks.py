@@ -30,17 +30,15 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
+from launch.paths import RunPaths
+from launch.paths import PREFLIGHT_REPORT as PREFLIGHT_FILE
 from launch.problems import Problem
 
-PREFLIGHT_FILE = "preflight.json"
-PREFLIGHT_DIR = "preflight"  # <run_dir>/preflight/: the preflight job's own config, logs, checkpoint
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 SCHEMA_VERSION = 1
 
@@ -204,23 +202,21 @@ def format_table(report: Report) -> str:
     return "\n".join(lines + (["details:"] + details if details else []))
 
 
-def write_report(run_dir: str | Path, report: Report, clock: Callable[[], float] = time.time) -> Path:
-    """Write ``<run_dir>/preflight.json`` atomically (a half-written file would read as no preflight)."""
-    path = Path(run_dir) / PREFLIGHT_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
+def write_report(run_dir: str | Path, report: Report, write_json: Callable[[Path, Any], None],
+                 clock: Callable[[], float] = time.time) -> Path:
+    """Write ``<run_dir>/preflight.json`` with ``write_json`` (:func:`recovery.storage.atomic_write_json`: a
+    half-written file would read as no preflight). Returns its path."""
+    path = RunPaths.of(run_dir).preflight_report
     doc = asdict(report)
     doc["time"] = report.time or clock()
     doc["verdict"] = report.verdict
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1, default=str)
-    os.replace(tmp, path)
+    write_json(path, doc)
     return path
 
 
 def read_report(run_dir: str | Path) -> Optional[Report]:
     """The report in ``<run_dir>/preflight.json``; None if there is none. Raises ValueError if unreadable."""
-    path = Path(run_dir) / PREFLIGHT_FILE
+    path = RunPaths.of(run_dir).preflight_report
     if not path.exists():
         return None
     try:

@@ -42,25 +42,22 @@ No torch here: the login node and the analysis tools verify checkpoints too.
 from __future__ import annotations
 
 import json
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from launch.paths import (  # noqa: F401  (re-exported: the names of the commit protocol)
+    ASIDE_SUFFIX, DELETE_SUFFIX, LATEST, STAGING_SUFFIX, checkpoint_name, parse_checkpoint_name,
+)
 from recovery.quarantine import quarantine
 from recovery.storage import BLAKE2B_NAME, HASH_NAME, HASHES, LocalStorage, StorageError, classify, digest_key
 
 MANIFEST = "manifest.json"
-LATEST = "latest"
 FORMAT = "slurmtron-checkpoint"
 FORMAT_VERSION = 2  # 2: SHA-256 digests ("hash" names the algorithm); 1: BLAKE2b-256, still loaded
 VERSION_HASHES = {1: (BLAKE2B_NAME,), 2: tuple(HASHES)}  # the digests each manifest version may carry
-STAGING_SUFFIX = ".tmp"
-ASIDE_SUFFIX = ".old"
-DELETE_SUFFIX = ".del"  # being deleted by the prune: garbage, never a candidate
-_DIR_RE = re.compile(r"^iter_(\d{7,})(\.tmp|\.old|\.del)?$")
 
 
 @dataclass
@@ -83,7 +80,8 @@ class PruneResult:
 
 
 def dir_name(step: int) -> str:
-    return "iter_%07d" % step
+    """The committed checkpoint's directory name (:func:`launch.paths.checkpoint_name`)."""
+    return checkpoint_name(step)
 
 
 def staging_path(root: Path, step: int) -> Path:
@@ -96,10 +94,7 @@ def final_path(root: Path, step: int) -> Path:
 
 def parse_dir_name(name: str) -> Optional[tuple[int, str]]:
     """``iter_0000010`` -> (10, ''), ``iter_0000010.tmp`` -> (10, '.tmp'); None for anything else."""
-    m = _DIR_RE.match(name)
-    if not m:
-        return None
-    return int(m.group(1)), m.group(2) or ""
+    return parse_checkpoint_name(name)
 
 
 def prepare_staging(root: Path, step: int, *, storage: Optional[LocalStorage] = None) -> Path:

@@ -7,7 +7,7 @@ new id, so the checkpoints of the old run, still sitting in a shared ``checkpoin
 recognised as somebody else's. The model shape completes the identity: a checkpoint of another
 shape can never be loaded into this model.
 
-Standard library only: the login node writes the id.
+Standard library and the run paths only: the login node writes the id.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Optional
 
-RUN_ID_FILE = "run_id"
+from launch.paths import RUN_ID as RUN_ID_FILE
 
 
 def read_run_id(run_dir: Path) -> Optional[str]:

@@ -52,7 +52,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +65,7 @@ from recovery.exit_codes import (  # noqa: F401  (re-exported: the policy's voca
     EXIT_BUDGET, EXIT_OOM, EXIT_REPLAY_MISMATCH, EXIT_UNSUPPORTED, EXIT_ZERO_PROGRESS, FINAL_CODES, FINAL_REASONS, REFUSAL_CODES, code_name,
 )
 from recovery.slurm import Runner, Slurm, default_runner
+from recovery.storage import atomic_write_json
 
 
 @dataclass
@@ -108,27 +108,6 @@ def restart_count_from_env(env: Mapping[str, str]) -> int:
 
 
 # ---- small JSON files written atomically ------------------------------------------------
-
-def _write_json_atomic(path: Path, doc: Any) -> None:
-    """Write-temp, fsync, rename: a kill leaves the old or the new file, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
 
 def _read_json_list(path: Path) -> list:
     try:
@@ -213,7 +192,7 @@ def start_decision(
                        f"{same} consecutive restart(s) without progress (limit {n})",
             )
     record["decision"] = decision.reason
-    _write_json_atomic(RunPaths.of(run_dir).progress, records + [record])
+    atomic_write_json(RunPaths.of(run_dir).progress, records + [record])
     return decision
 
 
@@ -300,7 +279,7 @@ def record_failed_node(
         "time": clock(),
         "job_id": job_id if job_id is not None else os.environ.get("SLURM_JOB_ID"),
     })
-    _write_json_atomic(path, nodes)
+    atomic_write_json(path, nodes)
     return nodes
 
 

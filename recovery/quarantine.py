@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from launch.paths import QUARANTINE as QUARANTINE_DIR
 from recovery.storage import LocalStorage
 
-QUARANTINE_DIR = "quarantine"
 REASON_SUFFIX = ".reason.json"
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from launch.kinds import EventKind
+from launch.paths import CHECKPOINTS, RunPaths
 from recovery.commit import (
     ASIDE_SUFFIX,
     DELETE_SUFFIX,
@@ -371,17 +372,16 @@ def run_context(arg: Path, *, storage: Optional[LocalStorage] = None) -> tuple[P
 
     import yaml
 
-    from launch.paths import RunPaths
     from recovery.identity import model_shape, read_run_id
 
     st = storage or LocalStorage()
     arg = Path(arg)
-    run_dir = arg if st.exists(arg / "config.yaml") else (
-        arg.parent if arg.name == "checkpoints" and st.exists(arg.parent / "config.yaml") else None)
+    run_dir = arg if st.exists(RunPaths.of(arg).config) else (
+        arg.parent if arg.name == CHECKPOINTS and st.exists(RunPaths.of(arg.parent).config) else None)
     if run_dir is None:
         return arg, None, None
     try:
-        cfg = yaml.safe_load(st.read_text(run_dir / "config.yaml"))
+        cfg = yaml.safe_load(st.read_text(RunPaths.of(run_dir).config))
         name, ckroot = str(cfg["run"]["name"]), str(cfg["cluster"].get("checkpoint_root") or "")
         model = model_shape(SimpleNamespace(**cfg["model"]))
     except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError, AttributeError):
@@ -409,7 +409,7 @@ def explain(root: Path, *, storage: Optional[LocalStorage] = None,
         return 2, f"error: {root} does not exist (give the run directory, e.g. runs/NAME, or its checkpoint directory)"
     if st.exists(root) and not st.is_dir(root):
         return 2, f"error: {root} is not a directory (give the run directory, e.g. runs/NAME, or its checkpoint directory)"
-    committed = committed_steps(read_events(run_dir / "events.jsonl")) if run_dir is not None else []
+    committed = committed_steps(read_events(RunPaths.of(run_dir).events)) if run_dir is not None else []
     lines = [f"checkpoint directory {root}" + (f" (run directory {run_dir})" if run_dir is not None else
                                                " (run directory unknown: whose checkpoints these are is not checked; "
                                                "give the run directory to check it)")]

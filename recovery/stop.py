@@ -313,9 +313,9 @@ def stopped(doc: Optional[dict]) -> bool:
 
 
 def _write(path: Path, doc: dict) -> None:
-    from recovery.policy import _write_json_atomic
+    from recovery.storage import atomic_write_json
 
-    _write_json_atomic(Path(path), doc)
+    atomic_write_json(Path(path), doc)
 
 
 def request_stop(path: Path, *, at_step: Optional[int] = None, clock: Callable[[], float] = time.time,

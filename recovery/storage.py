@@ -7,17 +7,22 @@ tests subclass it to stop the protocol after any single operation (a simulated c
 good checkpoint. Keeping each method one durable step (one rename, one fsync) is what makes
 "crash between any two steps" a finite, enumerable set of cases.
 
+The small JSON files of a run (``progress.json``, ``failed_nodes.json``, ``stop.json``, the preflight's files, the
+hang summaries) are written by the one :func:`atomic_write_json`: temp file, fsync, rename, fsync of the directory.
+
 Pure Python: no torch, so the login node can verify checkpoints too.
 """
 from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import re
 import shutil
+import uuid
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 HASH_NAME = "sha256"  # what new manifests use (recovery.commit.FORMAT_VERSION 2); see new_hasher
 BLAKE2B_NAME = "blake2b-256"  # what version-1 manifests used: still verified
@@ -217,3 +222,27 @@ class LocalStorage:
     def replace(self, src: Path, dst: Path) -> None:
         """Atomically replace a *file* ``dst`` (write-temp-then-rename)."""
         os.replace(src, dst)
+
+    # ---- composed ----------------------------------------------------------------------
+    def atomic_write_json(self, path: Path, doc: Any) -> None:
+        """Write ``doc`` as JSON to ``path`` so that a kill leaves the old file or the new one, never half of one,
+        and the new one survives a power loss once this returns: a temp file beside it (unique per writer),
+        written and fsynced, renamed over ``path``, then the directory fsynced. The temp file is removed on error."""
+        path = Path(path)
+        self.makedirs(path.parent)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+        try:
+            self.write_text(tmp, json.dumps(doc, indent=1, default=str))
+            self.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        self.fsync_dir(path.parent)
+
+
+def atomic_write_json(path: Path, doc: Any, storage: Optional[LocalStorage] = None) -> None:
+    """:meth:`LocalStorage.atomic_write_json` on ``storage`` (the real filesystem by default)."""
+    (storage or LocalStorage()).atomic_write_json(path, doc)

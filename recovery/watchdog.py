@@ -43,9 +43,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
+<<<<<<< HEAD
 from launch.kinds import EventKind
+=======
+from launch.paths import HANG_SUMMARY, RunPaths
+>>>>>>> 62e0833 (Run files and checkpoint names only in launch/paths.py; one atomic_write_json on the storage seam)
 from recovery import hang_report
 from recovery.hang_report import Limits, Watch
+from recovery.storage import atomic_write_json
 
 DUMP_SIGNAL = signal.SIGQUIT  # the JVM's "thread dump" convention; never sent by Slurm
 IGNORED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
@@ -141,15 +146,6 @@ def proc_state(pid: int) -> str:
         return ""
 
 
-def _write_json(path: Path, doc: Any) -> None:
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1, default=str)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def _read_json(path: Path) -> Optional[dict]:
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -233,11 +229,11 @@ class Watcher:
         report = {"rank": self.rank, "host": self.a.get("host"), "pid": self.pid, "proc_state": state,
                   "seq": w.seq, "phase": w.phase, "step": w.step, "own_miss": own, "detected": detected,
                   "dump": "faulthandler", "stacks": stacks}
-        _write_json(self.dir / f"rank{self.rank}.json", report)
+        atomic_write_json(self.dir / f"rank{self.rank}.json", report)
         if self.rank == 0:
             self.coordinate(detected)
         else:
-            self._wait_for(lambda: (self.dir / "summary.json").exists(), COLLECT_S + DUMP_WAIT_S)
+            self._wait_for(lambda: (self.dir / HANG_SUMMARY).exists(), COLLECT_S + DUMP_WAIT_S)
         self.end_rank()
         return 1
 
@@ -291,14 +287,14 @@ class Watcher:
                        dump="faulthandler (SIGQUIT)", directory=str(self.dir), detected=detected,
                        ended=self.wall())
         prev = _read_json(hang_dir(Path(self.a["hangs"]), self.a.get("job_id"), int(self.a["restart"]) - 1)
-                          / "summary.json") if int(self.a["restart"]) > 0 else None
+                          / HANG_SUMMARY) if int(self.a["restart"]) > 0 else None
         repeat = hang_report.repeat_offenders(summary, prev)
         summary["excluded"] = repeat if self.a.get("job_id") else []
-        _write_json(self.dir / "summary.json", summary)
+        atomic_write_json(self.dir / HANG_SUMMARY, summary)
         self.log(hang_report.describe(summary))
         from recovery.events import EventLog
 
-        ev = EventLog(Path(self.a["run_dir"]) / "events.jsonl", rank=0, job_id=self.a.get("job_id"),
+        ev = EventLog(RunPaths.of(self.a["run_dir"]).events, rank=0, job_id=self.a.get("job_id"),
                       restart_count=int(self.a["restart"]), host=self.a.get("host"))
         slim = lambda xs: [{"rank": x["rank"], "host": x["host"], "why": x["why"]} for x in xs]  # noqa: E731
         ev.emit(EventKind.HANG, deadline=trigger.get("what"), deadline_s=trigger.get("seconds"),

@@ -24,6 +24,7 @@ from launch import preflight  # noqa: E402
 from launch import preflight_checks as pc  # noqa: E402
 from launch.check import check as check_job  # noqa: E402
 from launch.compose import compose_job  # noqa: E402
+from recovery.storage import atomic_write_json  # noqa: E402
 
 
 # ---- pure verdicts --------------------------------------------------------------------------
@@ -80,9 +81,9 @@ def _report(*verdicts: str) -> pc.Report:
 
 def test_preflight_problems_refuses_only_a_failed_or_unreadable_preflight(tmp_path):
     assert pc.preflight_problems(tmp_path) == []  # no preflight run: nothing to refuse
-    pc.write_report(tmp_path, _report(pc.PASS, pc.WARN))
+    pc.write_report(tmp_path, _report(pc.PASS, pc.WARN), atomic_write_json)
     assert pc.preflight_problems(tmp_path) == []
-    pc.write_report(tmp_path, _report(pc.PASS, pc.FAIL, pc.FAIL))
+    pc.write_report(tmp_path, _report(pc.PASS, pc.FAIL, pc.FAIL), atomic_write_json)
     problems = pc.preflight_problems(tmp_path)
     assert [p.field for p in problems] == ["preflight", "preflight"]
     assert "c1" in problems[0].message and "force=true" in problems[0].fix
@@ -92,7 +93,7 @@ def test_preflight_problems_refuses_only_a_failed_or_unreadable_preflight(tmp_pa
 
 def test_report_round_trips_through_json_and_prints_a_table(tmp_path):
     report = _report(pc.PASS, pc.WARN)
-    path = pc.write_report(tmp_path, report)
+    path = pc.write_report(tmp_path, report, atomic_write_json)
     doc = json.loads(path.read_text())
     assert doc["verdict"] == pc.WARN and [c["check"] for c in doc["checks"]] == ["c0", "c1"]
     back = pc.read_report(tmp_path)
@@ -238,7 +239,7 @@ def test_wrong_tp_split_fails_parity(tmp_path):
 def test_slurm_preflight_wait_returns_the_jobs_verdict(tmp_path, verdict, code):
     run_dir = tmp_path / "w"
     # squeue lists the job twice, then not; the job writes its verdict (or dies without one) as it leaves
-    leave = (lambda: pc.write_report(run_dir, verdict)) if verdict is not None else None
+    leave = (lambda: pc.write_report(run_dir, verdict, atomic_write_json)) if verdict is not None else None
     fake, out = FakeSlurm(queue_polls=2, on_leave=leave), io.StringIO()
     assert preflight.main(["cluster=slurm_local", "run.name=w", "run.time_limit_min=10", "preflight.wait=true",
                            f"cluster.run_root={tmp_path}"], runner=fake, out=out, err=io.StringIO(),

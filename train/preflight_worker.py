@@ -45,9 +45,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
-from launch.paths import RunPaths
-
-OPTIONS_FILE = "options.json"
+from launch.paths import PREFLIGHT_OPTIONS as OPTIONS_FILE
+from launch.paths import RunPaths, checkpoint_name
+from recovery.storage import atomic_write_json
 REFERENCE_FILE = "reference.json"
 RESHARD_FILE = "reference_reshard.json"
 CKPT_READY = "ckpt_ready"
@@ -83,12 +83,6 @@ class TimedSource:
             return self.inner[idx]
         finally:
             self.waited += self.clock() - t0
-
-
-def _write_json(path: Path, doc: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1, default=str))
-    os.replace(tmp, path)
 
 
 def _log(rank: int, msg: str) -> None:
@@ -303,7 +297,7 @@ def run_reference(job: Any, pf_dir: Path, opts: dict, denv: Any) -> int:
         source = TimedSource(build_source(ref.data, ref.model, opts["steps"] * ref.training.global_batch_size,
                                           RunPaths.of(pf_dir).data_cache, ref.cluster.data_root))
         res = train_steps(ref, chunks, optimizer, scheduler, source, opts["steps"], device)
-        _write_json(pf_dir / REFERENCE_FILE, {"loss": res["loss"], "grad_norm": res["grad_norm"]})
+        atomic_write_json(pf_dir / REFERENCE_FILE, {"loss": res["loss"], "grad_norm": res["grad_norm"]})
         deadline = time.monotonic() + float(opts["timeout_s"])
         ready = pf_dir / CKPT_READY
         while not ready.exists():
@@ -312,7 +306,7 @@ def run_reference(job: Any, pf_dir: Path, opts: dict, denv: Any) -> int:
             time.sleep(0.2)
         megatron_ckpt.load(Path(ready.read_text().strip()), chunks, optimizer, scheduler,
                            distributed_optimizer=ref.parallelism.distributed_optimizer)
-        _write_json(pf_dir / RESHARD_FILE, {"hashes": full_hashes(chunks, ref.model)})
+        atomic_write_json(pf_dir / RESHARD_FILE, {"hashes": full_hashes(chunks, ref.model)})
         return 0
     finally:
         shutdown_distributed()
@@ -358,7 +352,7 @@ def run_target(job: Any, pf_dir: Path, opts: dict, denv: Any, env: Mapping[str, 
         busbw, nbytes = allreduce_busbw(device, cuda)
         _log(rank, f"all-reduce bus bandwidth {busbw} GB/s")
 
-        ckpt = pf_dir / "ckpt" / f"iter_{opts['steps']:07d}"
+        ckpt = pf_dir / "ckpt" / checkpoint_name(opts["steps"])
         if rank == 0:
             shutil.rmtree(pf_dir / "ckpt", ignore_errors=True)
             ckpt.mkdir(parents=True)
@@ -384,7 +378,7 @@ def run_target(job: Any, pf_dir: Path, opts: dict, denv: Any, env: Mapping[str, 
             report = judge(job, pf_dir, opts, measured, _wait_reference(ref_proc, opts["timeout_s"]))
             from launch.preflight_checks import format_table, write_report
 
-            path = write_report(opts["run_dir"], report)
+            path = write_report(opts["run_dir"], report, atomic_write_json)
             print(format_table(report), flush=True)
             print(f"preflight: wrote {path}", flush=True)
             if not opts.get("keep_checkpoint"):
