@@ -43,11 +43,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
-<<<<<<< HEAD
 from launch.kinds import EventKind
-=======
 from launch.paths import HANG_SUMMARY, RunPaths
->>>>>>> 62e0833 (Run files and checkpoint names only in launch/paths.py; one atomic_write_json on the storage seam)
 from recovery import hang_report
 from recovery.hang_report import Limits, Watch
 from recovery.storage import atomic_write_json

@@ -22,6 +22,7 @@ OWN_RENAMES = {
     "recovery/storage.py": "the storage seam itself",
     "launch/preprocess.py": "the .bin/.idx data files, written in chunks",
     "recovery/lock.py": "moves a stale lock aside",
+    "train/export.py": "renames the staged export directory into place",
 }
 
 

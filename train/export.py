@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from launch import hf_config
-from launch.paths import RunDirError, given_run_dir
+from launch.paths import RunDirError, RunPaths, given_run_dir
 from recovery import policy
 from recovery.commit import dir_name, verify
 from recovery.pickle_guard import unsafe_pickles
@@ -60,7 +60,7 @@ def find_source(run_dir: Path, step: Optional[int], env: dict) -> Source:
     """The run's job and the verified checkpoint to export (refusals: one line, a distinct code)."""
     from launch.compose import load_job
 
-    cfg = run_dir / "config.yaml"
+    cfg = RunPaths.of(run_dir).config
     if not cfg.is_file():
         raise Refused(2, f"{run_dir} is not a run directory (no config.yaml); give the directory launch/pretrain.py "
                          f"created (runs/NAME)")

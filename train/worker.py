@@ -58,11 +58,8 @@ import time
 from typing import Any, Mapping, Optional
 
 from launch.dist_env import PG_TIMEOUT_S
-<<<<<<< HEAD
 from launch.kinds import EventKind
-=======
 from recovery.exit_codes import EXIT_CRASH
->>>>>>> 407e118 (One exit-code table: recovery/exit_codes.py (name, code, final, stop reason, meaning) read by the ranks, the local launcher (its own EXIT_REQUEUE=42 and the worker's EXIT_CRASH=1 gone), the batch script's rendering (srun.sh's 42 and its list of final codes are placeholders), recovery.crash and docs/recovery.md, whose table is markdown_table() and tested against it; no docstring restates a range of final codes)
 from train.context import Hooks, HookedSource, RankContext, broadcast
 
 DIST_TIMEOUT_S = PG_TIMEOUT_S  # the job check compares the hang deadlines with it (launch/check_watch.py)
