@@ -135,14 +135,14 @@ def team_spend(run_root: Path, account: str, since: Optional[float], *,
     ``account``, from their event logs (each attempt clipped to the period); ``exclude`` is the run being submitted."""
     total, runs = 0.0, 0
     try:
-        dirs = sorted(p for p in Path(run_root).iterdir() if (p / "config.yaml").is_file())
+        dirs = sorted(p for p in Path(run_root).iterdir() if RunPaths.of(p).config.is_file())
     except OSError:
         return 0.0, 0
     for d in dirs:
         if exclude is not None and d.resolve() == Path(exclude).resolve():
             continue
         try:
-            cfg = yaml.safe_load((d / "config.yaml").read_text(encoding="utf-8"))
+            cfg = yaml.safe_load(RunPaths.of(d).config.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, yaml.YAMLError):
             continue
         cluster = cfg.get("cluster") if isinstance(cfg, dict) else None

@@ -89,7 +89,7 @@ echo "slurmtron: srun exited $rc"
 # which --kill-on-bad-exit makes 143) is requeued here; the next attempt's zero-progress guard
 # and training.max_restarts end a deterministic crash loop (recovery/crash.py). A final code (a refusal,
 # listed below) is never requeued, and a job that does not hold the run lock writes nothing into the run.
-# Final codes (recovery/exit_codes.py): zero_progress 3, max_restarts 4, no_loadable_checkpoint 5, foreign_checkpoint 6, storage_error 7, disk_full 8, run_locked 9, unsupported_software 10, nan 11, unsafe_checkpoint 12, shared_checkpoint 13, bad_config 14, checkpoint_mismatch 15, replay_mismatch 16
+# Final codes (recovery/exit_codes.py): zero_progress 3, max_restarts 4, no_loadable_checkpoint 5, foreign_checkpoint 6, storage_error 7, disk_full 8, run_locked 9, unsupported_software 10, nan 11, unsafe_checkpoint 12, shared_checkpoint 13, bad_config 14, checkpoint_mismatch 15, replay_mismatch 16, budget 17, oom 18
 REQUEUE_ON_CRASH=1  # cluster.requeue_allowed and training.requeue_on_crash
 if [ $rc -ne 0 ] && [ "$REQUEUE_ON_CRASH" = 1 ]; then
     python3 -m recovery.crash "$RUN_DIR" --rc "$rc"
