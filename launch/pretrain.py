@@ -430,13 +430,13 @@ def write_memory_plan(job: Job, run_dir: Path) -> None:
     """``<run_dir>/memory_plan.json``: the planner's memory estimate of this layout, beside which the ranks log (and
     TensorBoard and the report plot) the measured memory, and which an out-of-memory stop quotes with its fixes."""
     from launch.planner.memory import memory_plan
-    from recovery.policy import _write_json_atomic
+    from recovery.storage import atomic_write_json
 
     try:
         plan = memory_plan(job)
     except (ArithmeticError, ValueError, KeyError):  # a shape the planner cannot size: the ranks say "no estimate"
         return
-    _write_json_atomic(job.paths_at(run_dir).memory_plan, plan)
+    atomic_write_json(job.paths_at(run_dir).memory_plan, plan)
 
 
 def clear_stop_request(job: Job, run_dir: Path, err: TextIO) -> None:
