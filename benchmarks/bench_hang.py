@@ -11,9 +11,9 @@
   default heartbeat timeouts (``initial_rank_heartbeat_timeout`` 3600 s,
   ``rank_heartbeat_timeout`` 2700 s in 0.4.1's ``FaultToleranceConfig``).
 * **Overhead**: an uninterrupted run with the default live checks (heartbeats every step,
-  straggler all-gather every ``training.straggler_interval`` steps); every rank times the
+  straggler all-gather every ``training.stragglers.interval`` steps); every rank times the
   checks themselves and reports them against its median step (the ``live_checks`` event).
-  Runs with the checks off (``training.hang_watchdog=false training.straggler_interval=0``),
+  Runs with the checks off (``training.watchdog.enabled=false training.stragglers.interval=0``),
   alternating with runs with them on, give the median step time for comparison (on a shared
   2-core machine the load moves more than the checks cost; the direct timing is the figure of
   record).
@@ -44,8 +44,8 @@ FLOOR = 4.0
 def _write(run_dir: Path, iters: int, *extra: str) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     job = compose_job(["parallelism=tp1", "cluster.gpus_per_node=2", "cluster.nodes=1", f"training.train_iters={iters}",
-                       "training.checkpoint_interval=3", f"run.dir={run_dir}", f"training.hang_step_floor_s={FLOOR}",
-                       "training.hang_startup_s=240", *extra])
+                       "training.checkpoint_interval=3", f"run.dir={run_dir}", f"training.watchdog.step_floor_s={FLOOR}",
+                       "training.watchdog.startup_s=240", *extra])
     (run_dir / "config.yaml").write_text(job_to_yaml(job))
 
 
@@ -69,8 +69,8 @@ def overhead(root: Path, iters: int, pairs: int = 2) -> dict:
     for i in range(pairs):
         on, off = root / f"on{i}", root / f"off{i}"
         _write(on, iters, "training.checkpoint_interval=1000")
-        _write(off, iters, "training.checkpoint_interval=1000", "training.hang_watchdog=false",
-               "training.straggler_interval=0")
+        _write(off, iters, "training.checkpoint_interval=1000", "training.watchdog.enabled=false",
+               "training.stragglers.interval=0")
         run_until_done(on, 2, [], timeout_s=900)
         run_until_done(off, 2, [], timeout_s=900)
         live += [e for e in read_events(on / "events.jsonl") if e["event"] == "live_checks"]

@@ -13,6 +13,7 @@ budget guard); all of them are torch-free, so this module stays importable on a 
 """
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
@@ -150,21 +151,25 @@ def _overlap(job: Job) -> list[Problem]:
 def _enum(field: str, value: Any, allowed: tuple[str, ...]) -> Optional[Problem]:
     if value in allowed:
         return None
-    return Problem(field, f"unknown value {value!r}", f"{value!r} not in {list(allowed)}",
-                   f"set {field}= one of {', '.join(allowed)}")
+    close = difflib.get_close_matches(str(value), list(allowed), n=1, cutoff=0.5) or \
+        [a for a in allowed if str(value).lower() == a.lower()]
+    fix = f"did you mean {field}={close[0]}? (one of {', '.join(allowed)})" if close else \
+        f"set {field}= one of {', '.join(allowed)}"
+    return Problem(field, f"unknown value {value!r}", f"{value!r} not in {list(allowed)}", fix)
 
 
 def _enums(job: Job) -> list[Problem]:
-    """Every choice field against its one list (:data:`launch.config.CHOICES`)."""
+    """Every choice field against its one list (:data:`launch.config.CHOICES`, read from the annotations)."""
     out = []
     for dotted, allowed in CHOICES.items():
         value: Any = job
-        for name in dotted.split("."):
-            value = getattr(value, name)
+        for part in dotted.split("."):
+            value = getattr(value, part)
         problem = _enum(dotted, value, allowed)
         if problem is not None:
             out.append(problem)
     return out
+
 
 def _lifecycle(job: Job) -> list[Problem]:
     t = job.training
@@ -286,9 +291,10 @@ def _cluster(job: Job) -> list[Problem]:
 
 
 _PLANNER_DIVISORS = ("cluster.nvlink_bandwidth_gbs", "cluster.ib_bandwidth_gbs", "cluster.fs_write_bandwidth_gbs",
-                     "cluster.node_mtbf_hours", "cluster.gpu_memory_gb", "cluster.achievable_fraction",
-                     "cluster.nvlink_latency_us", "cluster.ib_latency_us", "cluster.kernel_launch_us",
-                     "cluster.step_overhead_s", "cluster.step_jitter")
+                     "cluster.node_mtbf_hours", "cluster.gpu_memory_gb", "cluster.planner.achievable_fraction",
+                     "cluster.planner.nvlink_latency_us", "cluster.planner.ib_latency_us",
+                     "cluster.planner.kernel_launch_us", "cluster.planner.step_overhead_s",
+                     "cluster.planner.step_jitter")
 
 
 def _numbers(job: Job) -> list[Problem]:
@@ -306,21 +312,22 @@ def _numbers(job: Job) -> list[Problem]:
         if not _finite(value) or value <= 0:
             out.append(Problem(name, "must be a positive, finite number (the planner divides by it)",
                                f"{name} = {value!r}, not > 0", f"set {name} to the measured value"))
+    cal = c.planner
     calibration = {  # the planner's per-site constants (launch/planner/steptime.py): 0 turns a term off
-        "cluster.nvlink_latency_us": c.nvlink_latency_us, "cluster.ib_latency_us": c.ib_latency_us,
-        "cluster.kernel_launch_us": c.kernel_launch_us, "cluster.step_overhead_s": c.step_overhead_s,
-        "cluster.step_jitter": c.step_jitter,
+        "cluster.planner.nvlink_latency_us": cal.nvlink_latency_us, "cluster.planner.ib_latency_us": cal.ib_latency_us,
+        "cluster.planner.kernel_launch_us": cal.kernel_launch_us, "cluster.planner.step_overhead_s": cal.step_overhead_s,
+        "cluster.planner.step_jitter": cal.step_jitter,
     }
     for name, value in calibration.items():
         if not _finite(value) or value < 0:
             out.append(Problem(name, "a planner calibration constant must be a finite number >= 0",
                                f"{name} = {value!r}, not >= 0",
                                f"set {name} to the schema default or a value fitted with launch.planner.compare"))
-    frac = c.achievable_fraction
+    frac = cal.achievable_fraction
     if not _finite(frac) or not 0 < frac <= 1:
-        out.append(Problem("cluster.achievable_fraction", "the fraction of peak a GEMM reaches lies in (0, 1]",
+        out.append(Problem("cluster.planner.achievable_fraction", "the fraction of peak a GEMM reaches lies in (0, 1]",
                            f"achievable_fraction = {frac!r}, not in (0, 1]",
-                           "set cluster.achievable_fraction=0.7 (or a measured value)"))
+                           "set cluster.planner.achievable_fraction=0.7 (or a measured value)"))
     for name, value in (("training.lr", t.lr), ("training.min_lr", t.min_lr)):
         if not _finite(value) or value < 0:
             out.append(Problem(name, "a learning rate must be a finite number >= 0",

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import typing
 from typing import Optional, Sequence
 
 from omegaconf import DictConfig
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
-from launch.compose import CONFIG_DIR, config_error, to_job, unknown_keys
+from launch.compose import CONFIG_DIR, MOVED, config_error, migrate_overrides, to_job, unknown_keys
 from launch.config import Job
 from launch.problems import format_problems
 
@@ -93,6 +94,9 @@ def override_error_line(exc: BaseException, argv: Sequence[str] = ()) -> str:
         hint = f"did you mean {group}={guess}? " if guess else ""
         return f"refused: unknown choice {group}={choice}; {hint}(choices: {', '.join(options)})"
     if isinstance(exc, ConfigCompositionException):
+        line = _yaml_key_line(str(exc))
+        if line:
+            return line
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         key = msg.split("'")[1] if msg.startswith("Could not override '") and msg.count("'") >= 2 else ""
         cause = exc.__cause__
@@ -119,6 +123,24 @@ def override_error_line(exc: BaseException, argv: Sequence[str] = ()) -> str:
             return line
     text = str(exc).strip()
     return f"refused: {text.splitlines()[0] if text else type(exc).__name__}"
+
+
+def _yaml_key_line(text: str) -> str:
+    """One line for a key of a YAML file under hydra_conf/ that the schema lacks (Hydra: "In 'cluster/site':
+    ConfigKeyError ... full_key: cluster.x"), naming the new place of a moved key (:data:`launch.compose.MOVED`)
+    or the closest field; '' for any other error."""
+    found = re.match(r"In '([^']+)': ConfigKeyError", text)
+    key = re.search(r"full_key: (\S+)", text)
+    if not (found and key):
+        return ""
+    where, key = f"hydra_conf/{found.group(1)}.yaml", key.group(1)
+    if key in MOVED:
+        parts = MOVED[key].split(".")[1:]  # below the group the file sets
+        nested = "".join(f"{p}: {{" for p in parts[:-1]) + f"{parts[-1]}: ..." + "}" * (len(parts) - 1)
+        return f"refused: {where}: {key} moved to {MOVED[key]}; write it in that file as {nested}"
+    _, guess = schema_suggestion(key)
+    hint = f"; did you mean {guess}?" if guess else "; the fields are in launch/config.py"
+    return f"refused: {where}: unknown key {key}{hint}"
 
 
 def _group_value_line(argv: Sequence[str]) -> str:
@@ -167,7 +189,7 @@ def compose_config(overrides: Sequence[str]) -> DictConfig:
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+        return compose(config_name="config", overrides=migrate_overrides(overrides))
 
 
 # ---- --help -----------------------------------------------------------------------------------

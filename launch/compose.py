@@ -68,34 +68,105 @@ def config_error(exc: Exception) -> str:
     return f"{key}: {msg}" if key and key not in msg else msg
 
 
-def compose_job(overrides: Sequence[str] = (), config_name: str = "config") -> Job:
-    """Compose hydra_conf/<config_name>.yaml with ``overrides`` and return the typed Job."""
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        cfg = compose(config_name=config_name, overrides=list(overrides))
-    return to_job(cfg)
-
-
 # Fields that left the schema, and where they went: a config.yaml saved before still loads.
 RETIRED = {
     ("training", "fail_at_iter"): "a test hook, now the environment switch SLURMTRON_TEST_FAIL_AT_ITER",
 }
 
+# Fields that moved into a component's own config (issue 29): old dotted key -> new dotted key. A saved
+# config.yaml, a command-line override or a Python caller's override with the old key is read at the new
+# place, with one WARNING line naming the new keys.
+MOVED = {
+    **{f"training.hang_{old}": f"training.watchdog.{new}" for old, new in (
+        ("watchdog", "enabled"), ("startup_s", "startup_s"), ("step_factor", "step_factor"),
+        ("step_floor_s", "step_floor_s"), ("save_factor", "save_factor"), ("save_floor_s", "save_floor_s"))},
+    "training.on_nan": "training.nan_guard.on_nan",
+    "training.nan_skip_batches": "training.nan_guard.skip_batches",
+    "training.max_nan_rollbacks": "training.nan_guard.max_rollbacks",
+    "training.nan_hooks": "training.nan_guard.hooks",
+    "training.straggler_interval": "training.stragglers.interval",
+    "training.straggler_threshold": "training.stragglers.threshold",
+    "training.regression_threshold": "training.stragglers.regression_threshold",
+    "training.regression_intervals": "training.stragglers.regression_intervals",
+    **{f"cluster.{name}": f"cluster.planner.{name}" for name in (
+        "achievable_fraction", "nvlink_latency_us", "ib_latency_us", "kernel_launch_us", "step_overhead_s",
+        "step_jitter")},
+}
 
-def load_job(path: str | Path, warn: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr)) -> Job:
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+def moved_warning(where: str, moves: Sequence[tuple[str, str]]) -> str:
+    """The one WARNING line for old keys read at their new places."""
+    pairs = ", ".join(f"{old} -> {new}" for old, new in moves)
+    return f"WARNING: {where}: old keys read at their new places: {pairs} (the schema moved them; write the new names)"
+
+
+def migrate_overrides(overrides: Sequence[str], warn: Callable[[str], None] = _stderr) -> list[str]:
+    """``overrides`` with every moved key (:data:`MOVED`) renamed to its new place (``+``/``~`` kept only
+    for keys the schema lacks: a moved key always exists at its new place); one WARNING line if any moved."""
+    out, moves = [], []
+    for o in overrides:
+        key, sep, value = o.partition("=")
+        bare = key.lstrip("+~")
+        if sep and bare in MOVED:
+            moves.append((bare, MOVED[bare]))
+            o = f"{'~' if key.startswith('~') else ''}{MOVED[bare]}={value}"
+        out.append(o)
+    if moves:
+        warn(moved_warning("overrides", moves))
+    return out
+
+
+def compose_job(overrides: Sequence[str] = (), config_name: str = "config") -> Job:
+    """Compose hydra_conf/<config_name>.yaml with ``overrides`` and return the typed Job."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name=config_name, overrides=migrate_overrides(overrides))
+    return to_job(cfg)
+
+
+def migrate_saved(saved: DictConfig, where: str, warn: Callable[[str], None] = _stderr) -> None:
+    """Bring a saved config of an older shape to the schema, in place: a retired field (:data:`RETIRED`) is
+    dropped and a moved one (:data:`MOVED`) set at its new place (unless that is set too: the new key wins),
+    each with a WARNING line through ``warn``."""
+    for (group, key), why in RETIRED.items():
+        node = saved.get(group)
+        if isinstance(node, DictConfig) and key in node:
+            warn(f"WARNING: {where}: ignoring {group}.{key}={node[key]!r}, no longer a setting ({why})")
+            node.pop(key)
+    moves = []
+    for old, new in MOVED.items():
+        group, key = old.split(".", 1)
+        node = saved.get(group)
+        if not (isinstance(node, DictConfig) and key in node):
+            continue
+        value = node._get_node(key)._value()  # as written (an interpolation stays one)
+        node.pop(key)
+        if OmegaConf.select(saved, new, default=_ABSENT) is _ABSENT:
+            OmegaConf.update(saved, new, value, force_add=True)
+        moves.append((old, new))
+    if moves:
+        warn(moved_warning(str(where), moves))
+
+
+_ABSENT = object()
+
+
+def load_job(path: str | Path, warn: Callable[[str], None] = _stderr) -> Job:
     """Read a run's saved ``config.yaml`` back into a typed Job (the worker's entry).
 
-    A retired field (:data:`RETIRED`) is dropped with a WARNING through ``warn``, so a run
-    started by an older version continues.
+    A saved config of an older shape still loads (:func:`migrate_saved`): a retired field is dropped and
+    a moved one read at its new place, each with a WARNING through ``warn``, so a run started by an older
+    version continues.
     """
     register_configs()
     schema = OmegaConf.structured(Job)
     saved = OmegaConf.load(path)
-    for (group, key), where in RETIRED.items():
-        node = saved.get(group) if isinstance(saved, DictConfig) else None
-        if isinstance(node, DictConfig) and key in node:
-            warn(f"WARNING: {path}: ignoring {group}.{key}={node[key]!r}, no longer a setting ({where})")
-            node.pop(key)
+    if isinstance(saved, DictConfig):
+        migrate_saved(saved, str(path), warn)
     return OmegaConf.to_object(OmegaConf.merge(schema, saved))
 
 

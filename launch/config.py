@@ -15,49 +15,51 @@ This module must stay importable on a login node: no torch, no megatron.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any, Dict, List, Literal, Optional, Union, get_args
+from typing import Annotated, Any, Dict, List, Literal, Optional, Union, get_args, get_origin, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from launch import vocab
+from launch.nan_guard_config import NanGuardConfig, OnNan  # noqa: F401  (OnNan: a choice type)
 from launch.paths import RunPaths
+from launch.planner_config import PlannerCalibration
+from launch.stragglers_config import StragglersConfig
+from launch.watchdog_config import WatchdogConfig
 
 # ---- choices, each listed once --------------------------------------------------------------
-# The fields below stay ``str`` (OmegaConf has no Literal type); launch/check.py validates every
-# one against these lists, so a typo is one problem line with the allowed values. The ranks read
-# the same lists.
-Recompute = Literal["none", "selective", "full"]
-Precision = Literal["bf16", "fp16", "fp32", "fp8"]
-LrDecayStyle = Literal["cosine", "linear", "constant"]
-Launcher = Literal["slurm", "local"]
-DataKind = Literal["mock", "indexed"]
-PositionEmbedding = Literal["rope", "learned_absolute"]
-Normalization = Literal["RMSNorm", "LayerNorm"]
-PlanFormat = Literal["table", "json"]
-OnNan = Literal["stop", "rollback"]
-OnReplayMismatch = Literal["auto", "warn", "stop", "rollback"]
-OnSaveFailure = Literal["stop", "retry", "skip"]
-WandbMode = Literal["offline", "online"]
+# A choice field is ``Annotated[str, Literal[...]]``: OmegaConf has no Literal type and stores a str
+# (so a wrong value composes and reaches the check instead of stopping composition with a traceback
+# at the first one); launch/check.py reads the allowed values from the annotation (:data:`CHOICES`)
+# and reports every wrong one in its problem list, each with the allowed values and a did-you-mean.
+Recompute = Annotated[str, Literal["none", "selective", "full"]]
+Precision = Annotated[str, Literal["bf16", "fp16", "fp32", "fp8"]]
+LrDecayStyle = Annotated[str, Literal["cosine", "linear", "constant"]]
+Launcher = Annotated[str, Literal["slurm", "local"]]
+DataKind = Annotated[str, Literal["mock", "indexed"]]
+PositionEmbedding = Annotated[str, Literal["rope", "learned_absolute"]]
+Normalization = Annotated[str, Literal["RMSNorm", "LayerNorm"]]
+PlanFormat = Annotated[str, Literal["table", "json"]]
+OnReplayMismatch = Annotated[str, Literal["auto", "warn", "stop", "rollback"]]
+OnSaveFailure = Annotated[str, Literal["stop", "retry", "skip"]]
+WandbMode = Annotated[str, Literal["offline", "online"]]
+# ``training.checkpoint_interval``: a positive step count or 'auto'. OmegaConf sees Any (its Union[int, str]
+# refuses 1.5 or true at composition, first error only); the check reports a wrong value in its list.
+CheckpointInterval = Annotated[Any, Union[int, Literal["auto"]]]
 
-CHOICES: Dict[str, tuple] = {  # dotted field -> allowed values
-    "parallelism.recompute": get_args(Recompute),
-    "training.precision": get_args(Precision),
-    "training.lr_decay_style": get_args(LrDecayStyle),
-    "cluster.launcher": get_args(Launcher),
-    "data.kind": get_args(DataKind),
-    "model.position_embedding_type": get_args(PositionEmbedding),
-    "model.normalization": get_args(Normalization),
-    "plan.format": get_args(PlanFormat),
-    "tracking.wandb_mode": get_args(WandbMode),
-    "training.on_nan": get_args(OnNan),
-    "training.replay.on_mismatch": get_args(OnReplayMismatch),
-    "training.on_save_failure": get_args(OnSaveFailure),
-}
+
+def allowed_values(annotation: Any) -> Optional[tuple]:
+    """The values a choice annotation (``Annotated[str, Literal[...]]``) allows; None for any other type."""
+    if get_origin(annotation) is Annotated:
+        for meta in annotation.__metadata__:
+            if get_origin(meta) is Literal:
+                return get_args(meta)
+    return None
 
 
 class AttentionBackend(str, Enum):
@@ -93,9 +95,9 @@ class ModelConfig:
     vocab_size: int = MISSING  # tokenizer vocabulary before padding
     make_vocab_size_divisible_by: int = 128  # padded vocab is a multiple of this * tp (Megatron)
     swiglu: bool = True  # gated SiLU MLP (3 matrices) instead of GeLU (2 matrices)
-    position_embedding_type: str = "rope"  # rope | learned_absolute
+    position_embedding_type: PositionEmbedding = "rope"  # rope | learned_absolute
     rotary_base: int = 10000  # RoPE theta
-    normalization: str = "RMSNorm"  # RMSNorm | LayerNorm
+    normalization: Normalization = "RMSNorm"  # RMSNorm | LayerNorm
     untie_embeddings_and_output_weights: bool = True  # separate output layer (Llama) or tied (GPT-3)
     add_bias_linear: bool = False  # biases in linear layers (GPT-3 style)
     num_experts: Optional[int] = None  # MoE experts per layer; None means dense
@@ -116,7 +118,7 @@ class ParallelismConfig:
     ep: int = 1  # expert-parallel size (MoE only)
     sequence_parallel: bool = False  # shard LayerNorm/dropout activations across tp; needs tp > 1
     distributed_optimizer: bool = True  # shard fp32 main params and Adam moments across dp (ZeRO-1)
-    recompute: str = "none"  # none | selective | full activation recomputation
+    recompute: Recompute = "none"  # none | selective | full activation recomputation
     sharding: Sharding = Sharding.optimizer  # optimizer (ZeRO-1) | full (ZeRO-3/FSDP: weights + grads too)
     overlap_grad_reduce: bool = False  # overlap the dp gradient reduce with the backward pass (bucketed)
     overlap_param_gather: bool = False  # overlap the dp weight all-gather with the next forward; needs distributed_optimizer
@@ -161,7 +163,7 @@ class ClusterConfig:
     """One site. Adding a cluster is a YAML file under hydra_conf/cluster/, never code."""
 
     name: str = MISSING  # label
-    launcher: str = "slurm"  # slurm | local (N processes on this machine, no Slurm)
+    launcher: Launcher = "slurm"  # slurm | local (N processes on this machine, no Slurm)
     partition: str = ""  # --partition ('' = site default)
     account: str = ""  # --account
     qos: str = ""  # --qos
@@ -175,12 +177,6 @@ class ClusterConfig:
     nvlink_bandwidth_gbs: float = 450.0  # per-GPU unidirectional NVLink bandwidth, GB/s
     ib_bandwidth_gbs: float = 50.0  # per-GPU inter-node bandwidth, GB/s (NDR 400 Gb/s = 50 GB/s)
     fs_write_bandwidth_gbs: float = 20.0  # aggregate checkpoint write bandwidth, GB/s
-    achievable_fraction: float = 0.7  # fraction of dense peak a well-tuned GEMM reaches (planner)
-    nvlink_latency_us: float = 3.0  # planner: per-hop latency of an NVLink collective step (alpha)
-    ib_latency_us: float = 10.0  # planner: per-hop latency of an inter-node collective step (alpha)
-    kernel_launch_us: float = 4.0  # planner: host time to launch one kernel (floor for small layers)
-    step_overhead_s: float = 0.03  # planner: per-step host work (logging, timers, data hand-off, syncs)
-    step_jitter: float = 0.01  # planner: relative spread of one GPU's step time (stragglers at scale)
     node_mtbf_hours: float = 50000.0  # mean time between failures of one node (Young/Daly, simulation)
     requeue_allowed: bool = True  # site permits `scontrol requeue` / --requeue
     gpu_hour_price: Optional[float] = None  # price of one GPU-hour (site's currency); None = no cost line
@@ -201,6 +197,7 @@ class ClusterConfig:
     # node the batch script starts a new srun step on `nodes` healthy nodes of the same allocation
     spare_nodes: int = 0  # hot spares in the allocation (0 = every failure goes through the requeue path)
     in_job_restarts: int = 3  # relaunches inside one allocation before falling back to the requeue
+    planner: PlannerCalibration = field(default_factory=PlannerCalibration)  # the step-time model's constants
 
 
 @dataclass
@@ -209,7 +206,7 @@ class ReplayConfig:
     grad norm the lost attempt logged for them."""
 
     check_steps: int = 4  # replayed steps compared (0 = off)
-    on_mismatch: str = "auto"  # OnReplayMismatch: auto (stop when bitwise was expected, else warn) | warn | stop |
+    on_mismatch: OnReplayMismatch = "auto"  # auto (stop when bitwise was expected, else warn) | warn | stop |
     # rollback (quarantine the checkpoint, load the previous verified one, replay again)
     rtol: float = 1.0e-3  # relative tolerance when the layout, world size or precision differs from the logging attempt
 
@@ -225,12 +222,12 @@ class TrainingConfig:
     lr: float = 3.0e-4  # peak learning rate
     min_lr: float = 3.0e-5  # floor of the decay
     lr_warmup_iters: int = 2  # linear warm-up steps
-    lr_decay_style: str = "cosine"  # cosine | linear | constant
+    lr_decay_style: LrDecayStyle = "cosine"  # cosine | linear | constant
     weight_decay: float = 0.1
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
     clip_grad: float = 1.0  # global grad-norm clip
-    precision: str = "bf16"  # bf16 | fp16 (dynamic loss scaling) | fp32 | fp8 (needs TransformerEngine on the ranks)
+    precision: Precision = "bf16"  # bf16 | fp16 (dynamic loss scaling) | fp32 | fp8 (needs TransformerEngine on the ranks)
     initial_loss_scale: float = 4294967296.0  # fp16: the dynamic loss scale's start (Megatron-LM's 2**32)
     loss_scale_window: int = 1000  # fp16: clean steps before the scale doubles
     hysteresis: int = 2  # fp16: overflowing steps tolerated before the scale halves
@@ -238,10 +235,10 @@ class TrainingConfig:
     log_interval: int = 1  # iterations between log lines
     eval_interval: int = 0  # iterations between validation-loss evaluations (0 = none); also at the last step
     eval_iters: int = 2  # global batches of the validation split per evaluation (the same batches every time)
-    checkpoint_interval: Any = 10  # steps between periodic saves, or 'auto' (Young/Daly)
+    checkpoint_interval: CheckpointInterval = 10  # steps between periodic saves, or 'auto' (Young/Daly)
     keep_checkpoints: int = 3  # newest K verified checkpoints kept
     async_save: bool = True  # periodic saves write in the background (Megatron-Core's async path); stops save sync
-    on_save_failure: str = "stop"  # OnSaveFailure, periodic saves only (a stop or final save always stops): stop |
+    on_save_failure: OnSaveFailure = "stop"  # periodic saves only (a stop or final save always stops): stop |
     # retry (once, at the next interval) | skip (a WARNING, up to max_skipped_saves failures in a row)
     max_skipped_saves: int = 3  # on_save_failure=skip: consecutive failed periodic saves before the run stops
     replay: ReplayConfig = field(default_factory=ReplayConfig)
@@ -251,23 +248,9 @@ class TrainingConfig:
     requeue_on_crash: bool = True  # Slurm: requeue a crashed attempt (bounded by the two limits above)
     restart_from_scratch: bool = False  # fresh submission only: move existing checkpoints to quarantine/, start at 0
     init_from: str = ""  # hf:DIR: step 0 starts from these Hugging Face weights (a resume always loads the run's own)
-    # hang watchdog (recovery/watchdog.py): a watcher process per rank ends a hung attempt and requeues it
-    hang_watchdog: bool = True  # on by default, on Slurm and cluster=local
-    hang_startup_s: float = 1200.0  # rank start to its first finished step (start-up, checkpoint load, step 1)
-    hang_step_factor: float = 5.0  # step deadline = max(factor x median step interval, hang_step_floor_s)
-    hang_step_floor_s: float = 60.0  # lower bound of the step deadline
-    hang_save_factor: float = 3.0  # save deadline = max(factor x slowest measured save, hang_save_floor_s)
-    hang_save_floor_s: float = 120.0  # lower bound of the save deadline
-    # NaN/Inf guard (train/nan_guard.py)
-    on_nan: str = "stop"  # OnNan: stop (end with reason nan, no requeue) | rollback (reload newest verified checkpoint)
-    nan_skip_batches: int = 1  # rollback: global batches skipped from the one that gave the non-finite value
-    max_nan_rollbacks: int = 3  # rollback: incidents tolerated per attempt before stopping with reason nan
-    nan_hooks: bool = False  # debug: hooks naming the first module/parameter with a non-finite value (slow)
-    # live stragglers and throughput (train/stragglers.py)
-    straggler_interval: int = 10  # steps between all-gathers of each rank's compute time (0 = off)
-    straggler_threshold: float = 0.2  # a rank slower than the median by more than this fraction is a straggler
-    regression_threshold: float = 0.2  # throughput below (1 - this) x the run's baseline is a drop
-    regression_intervals: int = 3  # consecutive slow intervals before a 'regression' event
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)  # hang watchdog (recovery/watchdog.py)
+    nan_guard: NanGuardConfig = field(default_factory=NanGuardConfig)  # NaN/Inf guard (train/nan_guard.py)
+    stragglers: StragglersConfig = field(default_factory=StragglersConfig)  # live stragglers (train/stragglers.py)
     # memory health (train/memory.py)
     memory_window: int = 5  # log intervals over which a growing reserved-allocated gap or alloc retries is an event
     oom_snapshot: bool = False  # GPU: record the allocator's history; a CUDA OOM dumps the snapshot under oom/
@@ -289,7 +272,7 @@ class TrainingConfig:
 class DataConfig:
     """Where tokens come from."""
 
-    kind: str = "mock"  # mock (deterministic synthetic) | indexed (Megatron .bin/.idx)
+    kind: DataKind = "mock"  # mock (deterministic synthetic) | indexed (Megatron .bin/.idx)
     path: str = ""  # indexed dataset prefix (without .bin/.idx); or data.blend
     blend: Any = None  # weighted prefixes: [{path: data/web, weight: 0.3}, ...] or '0.3 data/web 0.7 data/code'
     valid_blend: Any = None  # validation from other prefixes (same forms); data.split then does not apply
@@ -316,7 +299,7 @@ class TrackingConfig:
 
     tensorboard: bool = True  # <run_dir>/tensorboard/, Megatron-LM's scalar names
     wandb: bool = False  # one W&B run per slurmtron run, resumed by every attempt
-    wandb_mode: str = "offline"  # offline (sync later: clusters often have no internet) | online
+    wandb_mode: WandbMode = "offline"  # offline (sync later: clusters often have no internet) | online
     wandb_project: str = "slurmtron"
     wandb_entity: str = ""  # '' = the W&B default entity
 
@@ -325,7 +308,7 @@ class TrackingConfig:
 class PlanConfig:
     """Options of launch/plan.py."""
 
-    format: str = "table"  # table | json
+    format: PlanFormat = "table"  # table | json
     top: int = 10  # rows printed for parallelism=auto
 
 
@@ -404,6 +387,25 @@ class Job:
     def paths_at(self, run_dir: Union[str, Path]) -> RunPaths:
         """The run's files when its directory is ``run_dir`` (a rank gets it as its argument)."""
         return RunPaths.of(run_dir, self.run.name, self.cluster.checkpoint_root)
+
+
+def choice_fields(cls: Optional[type] = None, prefix: str = "") -> Dict[str, tuple]:
+    """Every choice field of the schema below ``cls`` (default: the Job): dotted name -> allowed values,
+    read from the ``Annotated[str, Literal[...]]`` annotations (the one list of each choice)."""
+    cls = cls or Job
+    out: Dict[str, tuple] = {}
+    hints = get_type_hints(cls, include_extras=True)
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        allowed = allowed_values(hint)
+        if allowed is not None:
+            out[f"{prefix}{f.name}"] = allowed
+        elif dataclasses.is_dataclass(hint):
+            out.update(choice_fields(hint, f"{prefix}{f.name}."))
+    return out
+
+
+CHOICES: Dict[str, tuple] = choice_fields()  # dotted field -> allowed values (launch/check.py validates them)
 
 
 def register_configs(cs: Optional[ConfigStore] = None) -> ConfigStore:

@@ -17,7 +17,7 @@ from typing import Callable
 
 from omegaconf import DictConfig
 
-from launch.compose import CONFIG_DIR
+from launch.compose import CONFIG_DIR, migrate_overrides
 from launch.config import register_configs
 
 CONFIG_NAME = "config"
@@ -89,6 +89,7 @@ def hydra_entry(main: Callable[[DictConfig, str], int], sweep_id: str = "", usag
     if problem:  # before Hydra: a multirun creates its sweep directory under the run root before any check
         print(f"refused: {problem}; nothing was written", file=sys.stderr)
         return EXIT_REFUSED
+    argv[1:] = migrate_overrides(argv[1:])  # an old key (training.hang_step_floor_s) at its new place, a WARNING
     register_configs()
     sweep_id = sweep_id or new_sweep_id()
     at = next((i for i, a in enumerate(argv) if i and "=" in a and not a.startswith("-")), len(argv))

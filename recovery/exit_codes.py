@@ -52,8 +52,8 @@ EXIT_CODES: tuple[ExitCode, ...] = (
              "refused to start: torch/megatron-core outside the tested ranges, or fp8 / `tp_comm_overlap` without "
              "TransformerEngine (`train/versions.py`)"),
     ExitCode("EXIT_NAN", 11, True, "nan",
-             "a non-finite loss or grad norm with `training.on_nan=stop` (or rollbacks exhausted); nothing "
-             "non-finite was applied or saved"),
+             "a non-finite loss or grad norm with `training.nan_guard.on_nan=stop` (or rollbacks exhausted); "
+             "nothing non-finite was applied or saved"),
     ExitCode("EXIT_UNSAFE_CKPT", 12, True, "unsafe_checkpoint",
              "refused to start: the checkpoint to resume from holds a pickle that needs more than checkpoint data "
              "types (code could run on load); it was moved to `quarantine/` (`recovery/pickle_guard.py`)"),

@@ -10,15 +10,15 @@ A rank reports *heartbeats*: ``startup`` (process up), ``load`` (checkpoint load
 save begins), ``saved`` (it is durable), ``done`` (training ended). :class:`Watch` turns them
 into one deadline at a time:
 
-* until the first ``step``: ``training.hang_startup_s`` from the start of the rank (start-up,
+* until the first ``step``: ``training.watchdog.startup_s`` from the start of the rank (start-up,
   checkpoint load and the first step together);
-* after a ``step``/``saved``: ``max(training.hang_step_factor x median step interval,
-  training.hang_step_floor_s)`` from that heartbeat; the median is over the intervals the
+* after a ``step``/``saved``: ``max(training.watchdog.step_factor x median step interval,
+  training.watchdog.step_floor_s)`` from that heartbeat; the median is over the intervals the
   watcher itself saw between consecutive step heartbeats (the first step's own time until
   a second one exists);
-* during a save: ``max(training.hang_save_factor x slowest measured save,
-  training.hang_save_floor_s)``, or ``hang_startup_s`` before any save was measured;
-* after ``done``: ``hang_startup_s`` (shutdown).
+* during a save: ``max(training.watchdog.save_factor x slowest measured save,
+  training.watchdog.save_floor_s)``, or ``startup_s`` before any save was measured;
+* after ``done``: ``startup_s`` (shutdown).
 
 Suspects and victims
 --------------------
@@ -44,7 +44,7 @@ STEP_WINDOW = 50  # intervals kept for the median
 
 @dataclass(frozen=True)
 class Limits:
-    """The ``training.hang_*`` settings."""
+    """The ``training.watchdog`` settings (:class:`launch.watchdog_config.WatchdogConfig`, same names)."""
 
     startup_s: float = 1200.0
     step_factor: float = 5.0
@@ -53,8 +53,8 @@ class Limits:
     save_floor_s: float = 120.0
 
     @staticmethod
-    def of(training: object) -> "Limits":
-        g = lambda name: float(getattr(training, f"hang_{name}"))  # noqa: E731
+    def of(watchdog: object) -> "Limits":
+        g = lambda name: float(getattr(watchdog, name))  # noqa: E731
         return Limits(g("startup_s"), g("step_factor"), g("step_floor_s"), g("save_factor"), g("save_floor_s"))
 
 
@@ -105,28 +105,28 @@ class Watch:
         lim = self.limits
         med = statistics.median(self.step_intervals) if self.step_intervals else 0.0
         s = max(lim.step_factor * med, lim.step_floor_s)
-        return s, (f"max(training.hang_step_factor {lim.step_factor:g} x median step {med:.3f} s "
-                   f"over {len(self.step_intervals)} step(s), training.hang_step_floor_s {lim.step_floor_s:g}) "
+        return s, (f"max(training.watchdog.step_factor {lim.step_factor:g} x median step {med:.3f} s "
+                   f"over {len(self.step_intervals)} step(s), training.watchdog.step_floor_s {lim.step_floor_s:g}) "
                    f"= {s:.1f} s")
 
     def deadline(self) -> Deadline:
         lim = self.limits
         if self.phase == "done":
             return Deadline(self.last + lim.startup_s, "shutdown", lim.startup_s,
-                            f"training.hang_startup_s = {lim.startup_s:g} s after training ended")
+                            f"training.watchdog.startup_s = {lim.startup_s:g} s after training ended")
         if self.phase == "save":
             if self.saves:
                 slow = max(self.saves)
                 s = max(lim.save_factor * slow, lim.save_floor_s)
-                why = (f"max(training.hang_save_factor {lim.save_factor:g} x slowest save {slow:.2f} s, "
-                       f"training.hang_save_floor_s {lim.save_floor_s:g}) = {s:.1f} s")
+                why = (f"max(training.watchdog.save_factor {lim.save_factor:g} x slowest save {slow:.2f} s, "
+                       f"training.watchdog.save_floor_s {lim.save_floor_s:g}) = {s:.1f} s")
             else:
                 s = max(lim.startup_s, lim.save_floor_s)
-                why = f"no save measured yet: max(training.hang_startup_s, hang_save_floor_s) = {s:g} s"
+                why = f"no save measured yet: max(training.watchdog.startup_s, save_floor_s) = {s:g} s"
             return Deadline(self.last + s, "save", s, why)
         if self.steps_seen == 0:
             return Deadline(self.started + lim.startup_s, "startup", lim.startup_s,
-                            f"training.hang_startup_s = {lim.startup_s:g} s from the rank's start to its first step")
+                            f"training.watchdog.startup_s = {lim.startup_s:g} s from the rank's start to its first step")
         s, why = self.step_deadline()
         return Deadline(self.last + s, "step", s, why)
 

@@ -19,6 +19,7 @@ from launch import pretrain
 from launch.check import check
 from launch.compose import CONFIG_DIR, compose_job, job_to_yaml, load_job
 from launch.config import register_configs
+from launch.planner_config import PlannerCalibration
 
 REPO = Path(__file__).resolve().parent.parent
 LOCAL = ["cluster=local", "model=tiny", "run.dir=/nonexistent/runs/t"]
@@ -37,7 +38,11 @@ def _fields(job):
 ])
 def test_planner_numbers_are_refused_with_the_field(field, value):
     job = compose_job(LOCAL)
-    job = replace(job, cluster=replace(job.cluster, **{field: value}))
+    if field in PlannerCalibration.__dataclass_fields__:  # the planner's calibration: cluster.planner.*
+        job = replace(job, cluster=replace(job.cluster, planner=replace(job.cluster.planner, **{field: value})))
+        field = f"planner.{field}"
+    else:
+        job = replace(job, cluster=replace(job.cluster, **{field: value}))
     assert f"cluster.{field}" in _fields(job)
 
 

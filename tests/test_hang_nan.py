@@ -9,8 +9,8 @@ straggler with its host; the slowing burns CPU only, numbers are unchanged), the
   the suspect and the other the victim, the attempt ends, the next one resumes from the last
   verified checkpoint (never the torn save) and every logged loss is bitwise equal to the
   reference;
-* a NaN batch at iteration 5: with ``on_nan=stop`` the run ends with exit 11 and reason ``nan``
-  and no checkpoint after the last finite step; with ``on_nan=rollback`` it rolls back to the
+* a NaN batch at iteration 5: with ``nan_guard.on_nan=stop`` the run ends with exit 11 and reason ``nan``
+  and no checkpoint after the last finite step; with ``nan_guard.on_nan=rollback`` it rolls back to the
   newest verified checkpoint, skips the batch, completes, and every committed checkpoint holds
   finite values only.
 
@@ -34,7 +34,7 @@ ITERS = 8
 WORLD = 2
 # Deadlines short enough for quick hang tests, long enough that a tiny step (~0.2 s) or save (~1 s) slowed 10-40x on a
 # loaded 2-core machine (load average 8-18 seen) is not declared a hang, in the reference run or before the fault
-HANG = ["training.hang_step_floor_s=8", "training.hang_startup_s=240", "training.hang_save_floor_s=12"]
+HANG = ["training.watchdog.step_floor_s=8", "training.watchdog.startup_s=240", "training.watchdog.save_floor_s=12"]
 MARGIN_S = 12.0  # poll (0.5 s) + stack dumps (<= 5 s) + collecting the reports, on a busy machine
 
 
@@ -60,7 +60,7 @@ def run(run_dir: Path, plan, *extra: str, env=None):
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     d = tmp_path_factory.mktemp("hang") / "reference"
-    atts = run(d, [], "training.straggler_interval=2", env={"SLURMTRON_TEST_SLOW_RANK": "1:0.6"})
+    atts = run(d, [], "training.stragglers.interval=2", env={"SLURMTRON_TEST_SLOW_RANK": "1:0.6"})
     assert [a.code for a in atts] == [0], write_rank_logs_tail(d)
     return d, losses_by_attempt(d)[0]
 
@@ -161,7 +161,7 @@ def _committed_tensors_finite(ckpt: Path, tmp: Path) -> list:
 
 def test_nan_with_stop_ends_with_reason_nan_and_nothing_after_the_last_finite_step(tmp_path):
     d = tmp_path / "nanstop"
-    atts = run(d, [], "training.on_nan=stop", env={"SLURMTRON_TEST_NAN_AT_ITER": "5"})
+    atts = run(d, [], "training.nan_guard.on_nan=stop", env={"SLURMTRON_TEST_NAN_AT_ITER": "5"})
     assert len(atts) == 1 and atts[0].codes == [11, 11], [a.codes for a in atts]
     events = read_events(d / "events.jsonl")
     assert [e["reason"] for e in events if e["event"] == "stop"] == ["nan"]
@@ -174,7 +174,7 @@ def test_nan_with_stop_ends_with_reason_nan_and_nothing_after_the_last_finite_st
 
 def test_nan_with_rollback_skips_the_batch_and_completes(tmp_path):
     d = tmp_path / "nanroll"
-    atts = run(d, [], "training.on_nan=rollback", "training.nan_skip_batches=1",
+    atts = run(d, [], "training.nan_guard.on_nan=rollback", "training.nan_guard.skip_batches=1",
                env={"SLURMTRON_TEST_NAN_AT_ITER": "5"})
     assert [a.code for a in atts] == [0], write_rank_logs_tail(d)
     events = read_events(d / "events.jsonl")

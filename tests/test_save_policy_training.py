@@ -67,7 +67,7 @@ def test_a_stuck_writer_is_abandoned_at_its_deadline_and_training_goes_on(tmp_pa
     # sleeps 0.5 s, so the 10 steps after the save outlast the deadline and the abandon happens while training
     res = train(tmp_path / "run", BASE + [
         f"training.train_iters={ITERS + 4}", "training.async_save=true", "training.on_save_failure=skip",
-        "training.hang_save_floor_s=3", "training.hang_watchdog=false"], world=1, timeout=300,
+        "training.watchdog.save_floor_s=3", "training.watchdog.enabled=false"], world=1, timeout=300,
         extra_env={"SLURMTRON_TEST_ASYNC_HANG_AT": "2", "SLURMTRON_TEST_HANG_S": "600",
                    "SLURMTRON_TEST_STEP_SLEEP_S": "0.5"})
     assert res.codes == [0], res.all_logs()

@@ -254,7 +254,7 @@ def hang(cluster: Cluster, d: Path) -> Run:
     import signal
 
     run = submit(cluster, d / "hang", "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=1",
-                 "training.hang_step_floor_s=10")
+                 "training.watchdog.step_floor_s=10")
     wait_step(run, 12)
     wait_committed(run, 10)  # asynchronous: a write still in flight at the SIGSTOP would never be committed
     pid = rank_pid(run.job_id, 1)

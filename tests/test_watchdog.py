@@ -45,7 +45,7 @@ SUSPECT = '''Thread 0x00007f0000000003 (most recent call first):
 def test_watch_deadlines_follow_the_phases_with_their_arithmetic():
     w = Watch(Limits(startup_s=100, step_factor=5, step_floor_s=2, save_factor=3, save_floor_s=4), started=0.0)
     d = w.deadline()
-    assert (d.what, d.at) == ("startup", 100.0) and "hang_startup_s" in d.arithmetic
+    assert (d.what, d.at) == ("startup", 100.0) and "training.watchdog.startup_s" in d.arithmetic
     w.beat(1, "train", 0, 0.0, 10.0)
     assert w.deadline().at == 100.0  # start-up runs to the first finished step
     w.beat(2, "step", 1, 3.0, 13.0)  # first step: its own time
@@ -117,15 +117,17 @@ def _job(*over):
 
 def test_check_refuses_pointless_step_deadlines_with_the_arithmetic():
     assert problems(_job()) == []
-    p = {x.field: x for x in problems(_job("training.hang_step_floor_s=2000", "run.time_limit_min=120"))}
-    assert "process-group timeout 1800 s" in p["training.hang_step_floor_s"].arithmetic
-    p = problems(_job("training.hang_step_floor_s=500", "training.signal_lead_time_s=120"))
+    p = {x.field: x for x in problems(_job("training.watchdog.step_floor_s=2000", "run.time_limit_min=120"))}
+    assert "process-group timeout 1800 s" in p["training.watchdog.step_floor_s"].arithmetic
+    p = problems(_job("training.watchdog.step_floor_s=500", "training.signal_lead_time_s=120"))
     assert len(p) == 1 and "10 * 60 - signal_lead_time_s 120 = 480" in p[0].arithmetic
     from launch.check import check
 
-    fields = {x.field for x in check(_job("training.on_nan=retry", "training.hang_step_factor=1",
-                                          "training.nan_skip_batches=-1"))}
-    assert fields == {"training.on_nan", "training.hang_step_factor", "training.nan_skip_batches"}
+    found = {x.field: x for x in check(_job("training.nan_guard.on_nan=rollbak", "training.watchdog.step_factor=1",
+                                            "training.nan_guard.skip_batches=-1", "training.stragglers.interval=-1"))}
+    assert set(found) == {"training.nan_guard.on_nan", "training.watchdog.step_factor",
+                          "training.nan_guard.skip_batches", "training.stragglers.interval"}
+    assert "did you mean training.nan_guard.on_nan=rollback?" in found["training.nan_guard.on_nan"].fix
 
 
 def test_a_hung_attempt_is_requeued_after_a_crash_of_the_step():

@@ -337,8 +337,8 @@ def test_a_write_past_the_save_deadline_is_abandoned_and_the_save_policy_decides
     from train.checkpointer import Checkpointer, SaveFailed
     from train.train_loop import TrainState
 
-    ctx = _rank_context(tmp_path, ["training.async_save=true", "training.hang_save_floor_s=60",
-                                   "training.hang_save_factor=3", f"training.on_save_failure={policy}",
+    ctx = _rank_context(tmp_path, ["training.async_save=true", "training.watchdog.save_floor_s=60",
+                                   "training.watchdog.save_factor=3", f"training.on_save_failure={policy}",
                                    "training.checkpoint_interval=100"])
     now = [100.0]
     ctx.clock = lambda: now[0]

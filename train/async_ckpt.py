@@ -279,7 +279,7 @@ class AsyncSaves:
 
     def _abandon_if_stuck(self, p: Any) -> None:
         """A write not durable within the save deadline the hang watchdog applies to a blocking save
-        (max(training.hang_save_factor x the slowest save so far, training.hang_save_floor_s)) is abandoned on every
+        (max(training.watchdog.save_factor x the slowest save so far, training.watchdog.save_floor_s)) is abandoned on every
         rank (rank 0's clock decides; collective): its writers are killed, its staging directory ``iter_N.tmp`` is
         never loaded (the next commit's prune removes it), a WARNING and ``checkpoint_abandoned`` (cause
         ``writer_stuck``) say so, and :class:`train.checkpointer.SaveFailed` hands it to ``training.on_save_failure``.
@@ -287,16 +287,16 @@ class AsyncSaves:
         from recovery import policy
         from train.checkpointer import SaveFailed
 
-        t, ctx = self.ctx.job.training, self.ctx
-        limit = max(t.hang_save_factor * self._slowest_save_s, t.hang_save_floor_s)
+        w, ctx = self.ctx.job.training.watchdog, self.ctx
+        limit = max(w.save_factor * self._slowest_save_s, w.save_floor_s)
         age = ctx.clock() - p.t0
         if not self._writer.agree(ctx.is_first and age > limit):
             return
         self._writer.abandon()
         self.pending = None
         msg = (f"the asynchronous save of iteration {p.step} is not durable after {age:.0f} s > max("
-               f"training.hang_save_factor {t.hang_save_factor:g} x slowest save {self._slowest_save_s:.1f} s, "
-               f"training.hang_save_floor_s {t.hang_save_floor_s:g}) = {limit:.0f} s: its writer is stuck (or the "
+               f"training.watchdog.save_factor {w.save_factor:g} x slowest save {self._slowest_save_s:.1f} s, "
+               f"training.watchdog.save_floor_s {w.save_floor_s:g}) = {limit:.0f} s: its writer is stuck (or the "
                f"filesystem too slow); abandoned: its writers were killed, {ctx.paths.staging(p.step).name} is never "
                f"loaded")
         ctx.log(f"WARNING: {msg}")

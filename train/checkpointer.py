@@ -202,8 +202,8 @@ class Checkpointer(AsyncSaves):
         return state
 
     def rollback(self, state: Any, bad_from: int) -> Optional[Any]:
-        """``training.on_nan=rollback``: reload the newest verified checkpoint in place and skip
-        ``training.nan_skip_batches`` global batches from data position ``bad_from``; None if there is none."""
+        """``training.nan_guard.on_nan=rollback``: reload the newest verified checkpoint in place and skip
+        ``training.nan_guard.skip_batches`` global batches from data position ``bad_from``; None if there is none."""
         from recovery.resume import find_latest_verified
         from train import megatron_ckpt
         from train.train_loop import TrainState
@@ -220,14 +220,14 @@ class Checkpointer(AsyncSaves):
         ts = megatron_ckpt.load(path, chunks, optimizer, scheduler,
                                 distributed_optimizer=self._distributed_optimizer).training_state
         skips = [list(x) for x in ts.get("data_skips") or []]
-        for x in list(state.skips) + [[bad_from, t.nan_skip_batches * t.global_batch_size]]:
+        for x in list(state.skips) + [[bad_from, t.nan_guard.skip_batches * t.global_batch_size]]:
             if list(x) not in skips and x[1] > 0:
                 skips.append(list(x))
         back = TrainState(step=int(ts["step"]), consumed_samples=int(ts["consumed_samples"]), skips=skips)
         ctx.log(f"WARNING: rolled back to the verified checkpoint {path} (iteration {back.step}); "
-                f"{t.nan_skip_batches} batch(es) from sample {bad_from} will be skipped")
+                f"{t.nan_guard.skip_batches} batch(es) from sample {bad_from} will be skipped")
         ctx.emit(EventKind.NAN_ROLLBACK, step=state.step + 1, to_step=back.step, checkpoint=str(path),
-                 skip_first_sample=bad_from, skip_batches=t.nan_skip_batches)
+                 skip_first_sample=bad_from, skip_batches=t.nan_guard.skip_batches)
         ctx.beat("train", back.step)
         return back
 

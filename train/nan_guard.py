@@ -6,7 +6,7 @@ last periodic save committed is what the next attempt loads. Here the check sits
 Megatron-Core's optimizer itself splits its step (``ChainedOptimizer.step``:
 ``prepare_grads`` -> ``get_grad_norm`` -> clip -> ``step_with_ready_grads``): after the grad
 norm is known and before the update is applied, so either all ranks apply the update or none
-does, and the policy (``training.on_nan``) decides what happens next.
+does, and the policy (``training.nan_guard.on_nan``) decides what happens next.
 
 All ranks agree without a collective of their own: the loss is broadcast from the last
 pipeline stage to every rank (``train_loop._reduce_loss``), and the grad norm is the result
@@ -17,7 +17,7 @@ reduce made identical; a NaN or Inf anywhere in either sum is non-finite on ever
 An fp16 loss-scale overflow is *not* an incident: ``prepare_grads`` reports it, Megatron
 skips the update and lowers the scale, exactly as before.
 
-``training.nan_hooks=true`` installs forward hooks on every module and gradient hooks on
+``training.nan_guard.hooks=true`` installs forward hooks on every module and gradient hooks on
 every parameter that name the first place a non-finite value appeared (costly: one
 ``isfinite`` reduction per module output and gradient).
 """

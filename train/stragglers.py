@@ -2,10 +2,10 @@
 
 One slow GPU or host slows every rank (they wait for it in the next collective), so the wall
 time of a step is the same everywhere and says nothing about *who* is slow. What differs is
-each rank's own compute time. Every ``training.straggler_interval`` steps the ranks share
+each rank's own compute time. Every ``training.stragglers.interval`` steps the ranks share
 theirs for the interval with one small all-gather (two floats per rank); a rank whose compute
 time exceeds the median (``statistics.median_low``) by more than
-``training.straggler_threshold`` is logged with its host and recorded as a ``straggler``
+``training.stragglers.threshold`` is logged with its host and recorded as a ``straggler``
 event; ranks flagged in more than one interval are named in the end-of-attempt summary.
 
 Compute time is the main thread's CPU time (``time.thread_time``): on CPU/gloo a rank
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional
 
 from launch.kinds import EventKind
+from launch.stragglers_config import StragglersConfig
 
 BASELINE_INTERVALS = 2
 
@@ -71,16 +72,16 @@ class Regression:
 class LiveChecks:
     """Per-rank accumulator; ``check`` is collective (every rank calls it at the same steps)."""
 
-    def __init__(self, training: Any, rank: int, world: int, hosts: List[str],
+    def __init__(self, settings: StragglersConfig, rank: int, world: int, hosts: List[str],
                  gather: Callable[[list], list], emit: Callable[..., Any], log: Callable[[str], None]) -> None:
-        self.interval = int(training.straggler_interval)
-        self.threshold = float(training.straggler_threshold)
+        self.interval = int(settings.interval)
+        self.threshold = float(settings.threshold)
         self.rank, self.world, self.hosts = rank, world, hosts
         self.gather, self.emit, self.log = gather, emit, log
         self.compute = 0.0
         self.steps: List[float] = []
         self.flagged: dict[int, int] = {}
-        self.regression = Regression(float(training.regression_threshold), int(training.regression_intervals))
+        self.regression = Regression(float(settings.regression_threshold), int(settings.regression_intervals))
 
     def on_step(self, iteration: int, compute_s: float, step_s: float) -> None:
         if self.interval <= 0:
@@ -98,7 +99,7 @@ class LiveChecks:
             self.flagged[r] = self.flagged.get(r, 0) + 1
             msg = (f"straggler: rank {r} on {self.hosts[r]} computed {compute[r]:.3f} s over the last "
                    f"{len(self.steps)} step(s), {ratio:.2f}x the median {med:.3f} s "
-                   f"(training.straggler_threshold {self.threshold:g})")
+                   f"(training.stragglers.threshold {self.threshold:g})")
             self.log(f"WARNING: {msg}")
             self.emit(EventKind.STRAGGLER, step=iteration, rank_slow=r, host_slow=self.hosts[r], compute_s=compute[r],
                       median_s=med, ratio=ratio, steps=len(self.steps))

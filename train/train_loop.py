@@ -449,7 +449,7 @@ def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, st
     request file and, on a stop, asks Slurm who stopped the job while the ranks save. After each
     step the rank sends its watcher a heartbeat and feeds ``live`` (:class:`train.stragglers.LiveChecks`);
     a step whose loss or grad norm is non-finite is not applied (:mod:`train.nan_guard`) and ends
-    the loop (``training.on_nan=stop``) or rolls back. ``replay`` (:class:`train.replay_parity.ReplayParity`)
+    the loop (``training.nan_guard.on_nan=stop``) or rolls back. ``replay`` (:class:`train.replay_parity.ReplayParity`)
     compares the first replayed steps with the lost attempt's log; periodic saves wait until it vouched for them.
     ``budget`` (:class:`train.budget.BudgetGuard`, every rank) warns as the spend passes 50/80/95% of
     ``run.budget_gpu_hours`` and ends the loop (reason ``budget``, after a stop checkpoint) once it is spent.
@@ -483,7 +483,7 @@ def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, st
         if skip:
             ctx.log(f"skipping {skip // gbs} batch(es) (samples {state.consumed_samples}.."
                     f"{state.consumed_samples + skip - 1}) after a non-finite step "
-                    f"(training.nan_skip_batches={t.nan_skip_batches})")
+                    f"(training.nan_guard.skip_batches={t.nan_guard.skip_batches})")
             ctx.emit(EventKind.BATCHES_SKIPPED, step=state.step, first_sample=state.consumed_samples, samples=skip,
                      batches=skip // gbs)
             state.consumed_samples += skip
@@ -510,12 +510,12 @@ def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, st
                       + (f"; first non-finite value: {where}" if where else ""))
             ctx.log(f"WARNING: {detail}")
             ctx.emit(EventKind.NAN, step=state.step + 1, loss=repr(loss), grad_norm=repr(grad_norm),
-                     first_sample=state.consumed_samples, policy=t.on_nan, where=where)
-            if t.on_nan != "rollback":
-                return result("nan", detail=detail + " (training.on_nan=stop)")
-            if rollbacks >= t.max_nan_rollbacks:
+                     first_sample=state.consumed_samples, policy=t.nan_guard.on_nan, where=where)
+            if t.nan_guard.on_nan != "rollback":
+                return result("nan", detail=detail + " (training.nan_guard.on_nan=stop)")
+            if rollbacks >= t.nan_guard.max_rollbacks:
                 return result("nan", detail=detail + f"; {rollbacks} rollback(s) already done "
-                                                     f"(training.max_nan_rollbacks={t.max_nan_rollbacks})")
+                                                     f"(training.nan_guard.max_rollbacks={t.nan_guard.max_rollbacks})")
             back = ckpt.rollback(state, state.consumed_samples)
             if back is None:
                 return result("nan", detail=detail + "; no verified checkpoint to roll back to")

@@ -173,14 +173,14 @@ def _record_refusal(events_path: Any, env: Mapping[str, str], reason: str, code:
 
 
 def _start_watchdog(ctx: RankContext) -> Any:
-    """This rank's hang watcher (:mod:`recovery.watchdog`), unless ``training.hang_watchdog=false``."""
+    """This rank's hang watcher (:mod:`recovery.watchdog`), unless ``training.watchdog.enabled=false``."""
     from recovery.hang_report import Limits
     from recovery.watchdog import Heartbeat
 
-    if not ctx.job.training.hang_watchdog:
+    if not ctx.job.training.watchdog.enabled:
         return Heartbeat.disabled()
     try:
-        hb = Heartbeat.start(ctx.paths.run_dir, ctx.paths.hangs, Limits.of(ctx.job.training), rank=ctx.rank,
+        hb = Heartbeat.start(ctx.paths.run_dir, ctx.paths.hangs, Limits.of(ctx.job.training.watchdog), rank=ctx.rank,
                              world=ctx.world, job_id=ctx.job_id, restart=ctx.restart, host=_host(ctx))
     except OSError as e:
         print(f"WARNING: hang watchdog not started ({e}); this rank runs unwatched", flush=True)
@@ -298,7 +298,7 @@ def _broken_by_the_stop_signal(ctx: RankContext, e: BaseException, make_judge: A
 
 def _hang_declared(ctx: RankContext) -> bool:
     """Has a hang watchdog declared a hang in this attempt (its ``trigger.json``)?"""
-    if not ctx.job.training.hang_watchdog:
+    if not ctx.job.training.watchdog.enabled:
         return False
     from recovery.watchdog import hang_dir
 
@@ -460,7 +460,7 @@ def _train_started(ctx: RankContext, start, iters: int, watch: Any = None) -> in
                               t.global_batch_size // job.dp)
     live = _live_checks(ctx)
     nan_hooks = None
-    if t.nan_hooks:
+    if t.nan_guard.hooks:
         from train.nan_guard import NanHooks
 
         nan_hooks = NanHooks(parts.chunks, lambda where: print(
@@ -557,7 +557,7 @@ def _live_checks(ctx: RankContext) -> Any:
         dist.all_gather(out, mine)
         return [x.tolist() for x in out]
 
-    return LiveChecks(ctx.job.training, ctx.rank, ctx.world, hosts, gather, ctx.emit, ctx.log)
+    return LiveChecks(ctx.job.training.stragglers, ctx.rank, ctx.world, hosts, gather, ctx.emit, ctx.log)
 
 
 def _live_summary(ctx: RankContext, result: Any, live: Any) -> None:

@@ -134,7 +134,7 @@ def calibration_line(df: "Any") -> str:
     median = errors[len(errors) // 2] if len(errors) % 2 else (errors[len(errors) // 2 - 1] + errors[len(errors) // 2]) / 2
     ok = median <= STEP_TIME_MEDIAN and errors[-1] <= STEP_TIME_WORST
     verdict = ("within the planner's stated error" if ok else
-               "outside the planner's stated error: refit this site's cluster.* constants "
+               "outside the planner's stated error: refit this site's cluster.planner.* constants "
                "(achievable_fraction, latencies, step_overhead_s, step_jitter; launch/planner/steptime.py)")
     return (f"estimated / measured step time over {len(ratios)} measured layout(s): median |error| "
             f"{100 * median:.1f}%, worst {100 * errors[-1]:.1f}% (bars {100 * STEP_TIME_MEDIAN:.0f}% / "

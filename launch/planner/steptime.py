@@ -7,12 +7,12 @@ model. Every term is per GPU and per optimizer step:
 
 * **Compute**: FLOPs from ``analysis.flops`` (the one audited formula; recompute adds what
   :func:`analysis.flops.hardware_flops` adds) at ``peak(cluster.gpu, precision) *
-  cluster.achievable_fraction``. Layers split over tp and cp; the logits run on the last stage.
+  cluster.planner.achievable_fraction``. Layers split over tp and cp; the logits run on the last stage.
   Fused (flash) attention runs its s x s FLOPs at :data:`FUSED_ATTENTION_RELATIVE_RATE` of the
   GEMM rate (FlashAttention-2/3 reach about 70-75% of peak forward and less backward, against
   ~70% for large GEMMs); unfused attention runs them as batched GEMMs and pays the scores in HBM.
 * **Kernel launches**: a layer issues :data:`KERNELS_PER_LAYER` kernels per microbatch; a layer
-  whose GPU work is shorter than ``KERNELS_PER_LAYER * cluster.kernel_launch_us`` is host-bound.
+  whose GPU work is shorter than ``KERNELS_PER_LAYER * cluster.planner.kernel_launch_us`` is host-bound.
   This is what keeps a tiny model from looking 30x faster than it runs.
 * **Tensor parallel**: per layer and microbatch two all-reduces forward and two backward (two
   more when the forward is recomputed), each ``2(tp-1)/tp * b*s*h*2`` bytes at
@@ -37,7 +37,7 @@ model. Every term is per GPU and per optimizer step:
   (:func:`dp_bucket_params`: max(40M, 1M x dp) parameters). With the distributed optimizer a
   reduce-scatter of fp32 gradients and an all-gather of the weights per bucket, without it one
   fp32 all-reduce. Every collective is alpha-beta (:func:`collective_s`): ring ``(n-1)`` hops of
-  ``cluster.ib_latency_us`` (``nvlink_latency_us`` inside a node) plus ``(n-1)/n`` of the bytes
+  ``cluster.planner.ib_latency_us`` (``nvlink_latency_us`` inside a node) plus ``(n-1)/n`` of the bytes
   at the bandwidth; an all-reduce takes the faster of the ring and the double binary tree
   (``2 log2 n`` hops), as NCCL does. Across nodes the bandwidth is that of the NICs the group has
   in each node (:func:`_bw`: a dp group with tp=1 has 8 members and 8 NICs per node, with tp=8
@@ -50,11 +50,11 @@ model. Every term is per GPU and per optimizer step:
   stage's weights for the forward and again for the backward and reduce-scatters its gradients;
   exposed beyond the microbatch's compute with overlap, all of it without.
 * **Stragglers**: a synchronous step waits for the slowest of ``world`` ranks:
-  ``1 + cluster.step_jitter * sqrt(2 ln world)`` times the pipeline time (the expected maximum of
+  ``1 + cluster.planner.step_jitter * sqrt(2 ln world)`` times the pipeline time (the expected maximum of
   normal per-rank times with relative spread ``step_jitter``).
 * **Per-step fixed costs**: the optimizer, memory-bound: :data:`OPTIMIZER_BYTES_PER_PARAM` per
   parameter of the local optimizer shard and :data:`GRAD_PASS_BYTES_PER_PARAM` per local gradient
-  (norm for clipping, zeroing) at HBM bandwidth; and ``cluster.step_overhead_s`` of host work
+  (norm for clipping, zeroing) at HBM bandwidth; and ``cluster.planner.step_overhead_s`` of host work
   (logging, timers, the data hand-off, the loss-scale and grad-norm syncs).
 * **Memory-bound kernels** (norms, activation functions, dropout, residual adds, softmax when
   attention is unfused, the fp32 cross-entropy): every activation byte of
@@ -141,9 +141,9 @@ class StepTime:
     cp_comm_s: float  # exposed part of the ring exchange
     ep_comm_s: float
     dp_comm_s: float  # exposed part of the gradient/weight collectives (FSDP's per-microbatch ones too)
-    straggler_s: float  # waiting for the slowest rank (cluster.step_jitter over the world size)
+    straggler_s: float  # waiting for the slowest rank (cluster.planner.step_jitter over the world size)
     optimizer_s: float  # the optimizer step and the gradient passes, memory-bound
-    overhead_s: float  # cluster.step_overhead_s: host work per step
+    overhead_s: float  # cluster.planner.step_overhead_s: host work per step
     model_flops: float  # per step, whole job (MFU numerator)
     hardware_flops: float  # per step, whole job, with recompute (HFU numerator)
     microbatches: int
@@ -160,7 +160,7 @@ def precision_dtype(precision: str) -> str:
 def achievable_rate(job: Job) -> float:
     """FLOP/s one GPU sustains on the model's GEMMs; raises analysis.flops.UnknownDevice."""
     peak = peak_flops(job.cluster.gpu, precision_dtype(job.training.precision))
-    return peak * job.cluster.achievable_fraction
+    return peak * job.cluster.planner.achievable_fraction
 
 
 def hbm_bandwidth(gpu: str) -> float:
@@ -190,7 +190,7 @@ def _bw(cluster, group: int, stride: int | None = None) -> float:
 def _alpha(cluster, group: int) -> float:
     """Seconds of latency per step of a collective over ``group`` consecutive ranks (the alpha of alpha-beta)."""
     inside = group <= cluster.gpus_per_node
-    return (cluster.nvlink_latency_us if inside else cluster.ib_latency_us) * 1e-6
+    return (cluster.planner.nvlink_latency_us if inside else cluster.planner.ib_latency_us) * 1e-6
 
 
 def collective_s(kind: str, nbytes: float, n: int, bw: float, alpha: float) -> float:
@@ -213,7 +213,7 @@ def collective_s(kind: str, nbytes: float, n: int, bw: float, alpha: float) -> f
 def straggler_factor(cluster, ranks: int) -> float:
     """Expected slowest-of-``ranks`` step over the mean: ``1 + step_jitter * sqrt(2 ln ranks)``
     (the expected maximum of n normal variables); every synchronous step waits for it."""
-    return 1.0 + max(0.0, cluster.step_jitter) * math.sqrt(2 * math.log(max(1, ranks)))
+    return 1.0 + max(0.0, cluster.planner.step_jitter) * math.sqrt(2 * math.log(max(1, ranks)))
 
 
 def dp_bucket_params(dp_group: int, bucket_size: int | None = None) -> float:
@@ -284,7 +284,7 @@ def step_time(job: Job, shape: Shape | None = None, flops: dict | None = None, a
 
     # Kernel launches: the host issues KERNELS_PER_LAYER kernels per layer and microbatch (more with a
     # recomputed forward); a layer whose GPU work is shorter than that is launch-bound.
-    launches = KERNELS_PER_LAYER * (4 / 3 if p.recompute == "full" else 1.0) * c.kernel_launch_us * 1e-6
+    launches = KERNELS_PER_LAYER * (4 / 3 if p.recompute == "full" else 1.0) * c.planner.kernel_launch_us * 1e-6
 
     layers = stage_layers(shape.layers, p)
     dp_group = max(1, job.dp) * cp
@@ -335,7 +335,7 @@ def step_time(job: Job, shape: Shape | None = None, flops: dict | None = None, a
     local_grads = stage_params / (dp_group if fsdp else 1)
     local_state = stage_params / (dp_group if (p.distributed_optimizer or fsdp) else 1)
     optimizer_s = (OPTIMIZER_BYTES_PER_PARAM * local_state + GRAD_PASS_BYTES_PER_PARAM * local_grads) / hbm
-    fixed = optimizer_s + max(0.0, c.step_overhead_s)
+    fixed = optimizer_s + max(0.0, c.planner.step_overhead_s)
     total = pipeline + dp_exposed + fixed
     model_total = sum(parts.values())
     hw_total = model_total - layer_model + layer_hw
@@ -343,7 +343,7 @@ def step_time(job: Job, shape: Shape | None = None, flops: dict | None = None, a
         step_time_s=total, compute_s=m * compute_mb, tp_comm_s=m * tp_mb, pp_bubble_s=bubble_mb * t_stage,
         pp_p2p_s=m * p2p, cp_comm_s=m * cp_mb, ep_comm_s=m * ep_mb, dp_comm_s=dp_exposed + m * fsdp_exposed,
         straggler_s=(stragglers - 1) * (m + bubble_mb) * t_stage, optimizer_s=optimizer_s,
-        overhead_s=max(0.0, c.step_overhead_s),
+        overhead_s=max(0.0, c.planner.step_overhead_s),
         model_flops=model_total * 1.0, hardware_flops=hw_total, microbatches=m,
     )
 
