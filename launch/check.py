@@ -314,9 +314,8 @@ def _numbers(job: Job) -> list[Problem]:
                                f"{name} = {value!r}, not > 0", f"set {name} to the measured value"))
     cal = c.planner
     calibration = {  # the planner's per-site constants (launch/planner/steptime.py): 0 turns a term off
-        "cluster.planner.nvlink_latency_us": cal.nvlink_latency_us, "cluster.planner.ib_latency_us": cal.ib_latency_us,
-        "cluster.planner.kernel_launch_us": cal.kernel_launch_us, "cluster.planner.step_overhead_s": cal.step_overhead_s,
-        "cluster.planner.step_jitter": cal.step_jitter,
+        f"cluster.planner.{name}": getattr(cal, name)
+        for name in ("nvlink_latency_us", "ib_latency_us", "kernel_launch_us", "step_overhead_s", "step_jitter")
     }
     for name, value in calibration.items():
         if not _finite(value) or value < 0:

@@ -128,6 +128,9 @@ def compose_job(overrides: Sequence[str] = (), config_name: str = "config") -> J
     return to_job(cfg)
 
 
+_ABSENT = object()
+
+
 def migrate_saved(saved: DictConfig, where: str, warn: Callable[[str], None] = _stderr) -> None:
     """Bring a saved config of an older shape to the schema, in place: a retired field (:data:`RETIRED`) is
     dropped and a moved one (:data:`MOVED`) set at its new place (unless that is set too: the new key wins),
@@ -151,8 +154,6 @@ def migrate_saved(saved: DictConfig, where: str, warn: Callable[[str], None] = _
     if moves:
         warn(moved_warning(str(where), moves))
 
-
-_ABSENT = object()
 
 
 def load_job(path: str | Path, warn: Callable[[str], None] = _stderr) -> Job:

@@ -44,13 +44,14 @@ STEP_WINDOW = 50  # intervals kept for the median
 
 @dataclass(frozen=True)
 class Limits:
-    """The ``training.watchdog`` settings (:class:`launch.watchdog_config.WatchdogConfig`, same names)."""
+    """The ``training.watchdog`` settings (:class:`launch.watchdog_config.WatchdogConfig`, same names; its
+    defaults are the only ones)."""
 
-    startup_s: float = 1200.0
-    step_factor: float = 5.0
-    step_floor_s: float = 60.0
-    save_factor: float = 3.0
-    save_floor_s: float = 120.0
+    startup_s: float
+    step_factor: float
+    step_floor_s: float
+    save_factor: float
+    save_floor_s: float
 
     @staticmethod
     def of(watchdog: object) -> "Limits":

@@ -109,8 +109,8 @@ SUB_1B = [r for r in ROWS if r.params_b < 1 and r.metric != "memory_gib"]
                                        "step; the planner says 0.05-0.07 s (1.7-3.7x too fast). The host is the "
                                        "bottleneck there: the measured steps imply ~50 us of host time per kernel "
                                        "(eager PyTorch + Megatron's Python per op) against the default 4 us "
-                                       "cluster.kernel_launch_us. The runs' synchronizing timers (--timing-log-level "
-                                       "2) only stop the host running ahead at each timer, worth one kernel's "
+                                       "cluster.planner.kernel_launch_us. The runs' synchronizing timers "
+                                       "(--timing-log-level 2) only stop the host running ahead at each timer, worth one kernel's "
                                        "latency per sync, so they are no grounded term for the gap; "
                                        "kernel_launch_us is a per-site calibration constant, not fitted to these rows")
 def test_sub_1b_step_time_within_the_worst_bar():

@@ -76,7 +76,7 @@ def test_fixed_costs_dominate_a_tiny_model_on_a_gpu():
     """Per-step host work, the optimizer and kernel launches: a tiny model is not 30x faster than its FLOPs allow."""
     tiny = compose_job(["model=tiny", "cluster=lustre", "cluster.nodes=1", "parallelism=tp1"])
     st = step_time(tiny)
-    assert st.overhead_s == tiny.cluster.step_overhead_s > 0
+    assert st.overhead_s == tiny.cluster.planner.step_overhead_s > 0
     assert st.step_time_s > st.overhead_s + st.optimizer_s > 0
     # the launch floor: many kernels per layer take longer to issue than the tiny GEMMs take to run
     from launch.planner.steptime import KERNELS_PER_LAYER
