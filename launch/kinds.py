@@ -44,7 +44,8 @@ class Cause(StrEnum):
            "a node hardware fault: an NVRM Xid line, or an error launch/hardware_faults.py names (ECC, a GPU off the "
            "bus, a CUDA device fault, NVLink, InfiniBand) in job output or in a rank's exclude event")
     OOM = ("oom", "tab:brown", False, False, "out of memory (CUDA OOM, the kernel OOM killer, sacct OUT_OF_MEMORY)")
-    NAN = ("nan", "tab:pink", False, True, "a non-finite loss or grad norm (training.on_nan=stop ends the run: exit 11)")
+    NAN = ("nan", "tab:pink", False, True,
+           "a non-finite loss or grad norm (training.nan_guard.on_nan=stop ends the run: exit 11)")
     NCCL_TIMEOUT = ("nccl_timeout", "tab:orange", False, False, "a collective timed out (NCCL watchdog)")
     HANG = ("hang", "tab:olive", False, False, "the hang watchdog ended a stuck attempt (a hang event)")
     CRASH = ("crash", "tab:red", False, False, "an exception in a rank (stop crash, exit error)")
