@@ -36,7 +36,8 @@ EVENTS_READ = (EventKind.STOP, EventKind.SIGNAL, EventKind.HANG, EventKind.EXIT,
                EventKind.REQUEUE, EventKind.CHECKPOINT_SAVED, EventKind.RESUME, EventKind.EXCLUDE,
                EventKind.JOB_START)
 _DECIDED = tuple(c.value for c in Cause.decided_ones())  # a stop event naming one: the ranks decided the cause
-_STOPPED_BY_RANKS = (Cause.CRASH.value, Cause.HANG.value, Cause.NAN.value, Cause.OOM.value)  # a stop event naming one
+_STOPPED_BY_RANKS = (Cause.CRASH.value, Cause.HANG.value, Cause.NAN.value, Cause.OOM.value,
+                     Cause.REPLAY_MISMATCH.value, Cause.BUDGET.value)  # a stop event naming one
 _HARDWARE_BY_REASON = {f.reason: f for f in HARDWARE_FAULTS}
 _US = "datetime64[us]"  # one resolution: pandas refuses to merge_asof seconds with microseconds
 ATTEMPT_COLUMNS = [

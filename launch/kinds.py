@@ -46,6 +46,11 @@ class Cause(StrEnum):
     OOM = ("oom", "tab:brown", False, False, "out of memory (CUDA OOM, the kernel OOM killer, sacct OUT_OF_MEMORY)")
     NAN = ("nan", "tab:pink", False, True,
            "a non-finite loss or grad norm (training.nan_guard.on_nan=stop ends the run: exit 11)")
+    REPLAY_MISMATCH = ("replay_mismatch", "mediumvioletred", False, True,
+                       "the steps replayed after a resume did not reproduce the lost attempt's losses "
+                       "(training.replay.on_mismatch=stop: exit 16)")
+    BUDGET = ("budget", "darkgoldenrod", False, True,
+              "the run's spend reached run.budget_gpu_hours: checkpoint saved, stopped (exit 17)")
     NCCL_TIMEOUT = ("nccl_timeout", "tab:orange", False, False, "a collective timed out (NCCL watchdog)")
     HANG = ("hang", "tab:olive", False, False, "the hang watchdog ended a stuck attempt (a hang event)")
     CRASH = ("crash", "tab:red", False, False, "an exception in a rank (stop crash, exit error)")

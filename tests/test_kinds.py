@@ -29,7 +29,11 @@ def test_the_decided_causes_are_the_ones_the_stop_rules_return():
     assert {c.value for c in Cause.decided_ones()} == {"user_cancel", "user_stop", "user_requeue", "preemption",
                                                       "time_limit", "node_failure"}
     # final: the attempt it ends is not requeued (a user's cancel or stop, a NaN stop)
-    assert {c.value for c in Cause if c.final} == {"user_cancel", "user_stop", "nan"}
+    assert {c.value for c in Cause if c.final} == {"user_cancel", "user_stop", "nan", "replay_mismatch", "budget"}
+    # a final cause the ranks stop with (not Slurm's decision) is a final stop reason with its own exit code
+    from recovery.exit_codes import FINAL_REASONS
+
+    assert all(c.value in FINAL_REASONS for c in Cause if c.final and not c.decided)
 
 
 def test_every_event_kind_says_what_it_adds():
@@ -118,6 +122,8 @@ EVIDENCE = {
                                  "WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 600000 milliseconds"),
     Cause.OOM: dict(log="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"),
     Cause.NAN: dict(events=({"event": EventKind.STOP, "reason": "nan", "code": 11},)),
+    Cause.REPLAY_MISMATCH: dict(events=({"event": EventKind.STOP, "reason": "replay_mismatch", "code": 16},)),
+    Cause.BUDGET: dict(events=({"event": EventKind.STOP, "reason": "budget", "code": 17},)),
     Cause.XID: dict(log="NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."),
     Cause.HANG: dict(events=({"event": EventKind.HANG, "deadline": "step"},)),
     Cause.CRASH: dict(events=({"event": EventKind.EXIT, "reason": "error", "code": 1},)),
