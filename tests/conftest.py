@@ -6,11 +6,12 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, List
 
 import pytest
 
 from slurm_cluster import Cluster, missing_binaries, start, stop
+from xdist_groups import mark_groups
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +32,12 @@ def slurm_cluster() -> Iterator[Cluster]:
         stop(root)
         if not os.environ.get("SLURMTRON_KEEP_CLUSTER"):
             shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's worker reads the marks
+def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
+    """Tests that share a module or session fixture (or the Slurm cluster) run on one xdist worker."""
+    mark_groups(items)
 
 
 @pytest.hookimpl(hookwrapper=True)
