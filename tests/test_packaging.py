@@ -62,7 +62,9 @@ def test_torch_and_megatron_core_are_not_base_dependencies(metadata: str) -> Non
     assert not base & TRAIN_ONLY, f"base install pulls {sorted(base & TRAIN_ONLY)}"
     assert {"hydra-core", "omegaconf", "submitit", "pandas", "pyarrow", "matplotlib"} <= base
     assert TRAIN_ONLY <= extras["train"]
-    assert "slurmtron[train]" in extras["test"] and {"pytest", "pytest-timeout", "hypothesis"} <= extras["test"]
+    # pytest-xdist: pyproject.toml's addopts run the suite with -n 2
+    assert "slurmtron[train]" in extras["test"]
+    assert {"pytest", "pytest-timeout", "pytest-xdist", "hypothesis"} <= extras["test"]
 
 
 def test_train_extra_is_a_range_and_the_cpu_constraints_pin_it(metadata: str) -> None:
