@@ -22,7 +22,7 @@ SCRIPT = """#!/bin/bash
 #SBATCH --signal=USR2@30
 #SBATCH --open-mode=append
 #SBATCH --output={out}/%j_%t.out
-srun bash -c 'echo "$SLURM_PROCID $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES $(getent hosts "$MASTER" | cut -d" " -f1)"'
+srun bash -c 'echo "$SLURM_PROCID $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES $(getent hosts "$MASTER" | head -n 1 | cut -d" " -f1)"'
 """
 
 
