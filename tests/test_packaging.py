@@ -62,7 +62,7 @@ def test_torch_and_megatron_core_are_not_base_dependencies(metadata: str) -> Non
     assert not base & TRAIN_ONLY, f"base install pulls {sorted(base & TRAIN_ONLY)}"
     assert {"hydra-core", "omegaconf", "submitit", "pandas", "pyarrow", "matplotlib"} <= base
     assert TRAIN_ONLY <= extras["train"]
-    # pytest-xdist: pyproject.toml's addopts run the suite with -n 2
+    # pytest-xdist: -n 2 --dist loadgroup (docs/quickstart.md) with the groups of tests/xdist_groups.py
     assert "slurmtron[train]" in extras["test"]
     assert {"pytest", "pytest-timeout", "pytest-xdist", "hypothesis"} <= extras["test"]
 
