@@ -216,8 +216,9 @@ class AsyncSaves:
         kind, value, shared = "", None, None
         if ctx.is_first:
             kind, value = p.commit.result() if (blocking or p.commit.done()) else ("running", None)
-            shared = ("failed", None) if kind == "error" else (kind, value if kind == "failed" else None)
-        shared = broadcast(shared)  # ("running" | "ok" | "failed", the stop on a refused commit)
+            shared = ("failed", None) if kind == "error" else (
+                kind, value if kind == "failed" else value[1]["seconds"] if kind == "ok" else None)
+        shared = broadcast(shared)  # ("running" | "ok" | "failed", the stop on a refused commit | seconds to durable)
         if shared[0] == "running":
             return
         self.pending = None
@@ -229,7 +230,7 @@ class AsyncSaves:
             from train.checkpointer import SaveFailed
 
             raise SaveFailed(shared[1])
-        self._async_committed(p, value)
+        self._async_committed(p, value, shared[1])
 
     def wait_pending(self, why: str) -> float:
         """Every rank: block until the save in flight is written, committed and agreed; the seconds waited."""
@@ -255,8 +256,9 @@ class AsyncSaves:
         ctx.log(f"  the asynchronous save of iteration {p.step} is durable (waited {waited:.2f} s)")
         return waited
 
-    def _async_committed(self, p: Any, result: Any) -> None:
-        """Every rank: the agreed end of an asynchronous save (rank 0 holds the commit's result)."""
+    def _async_committed(self, p: Any, result: Any, durable_s: Optional[float] = None) -> None:
+        """Every rank: the agreed end of an asynchronous save (rank 0 holds the commit's result; ``durable_s``: its
+        start -> commit done, as rank 0's commit thread measured it; the agreement comes up to a step later)."""
         ctx = self.ctx
         total = ctx.clock() - p.t0
         if ctx.is_first:
@@ -266,7 +268,7 @@ class AsyncSaves:
         self.failed_in_a_row = 0
         self._slowest_save_s = max(self._slowest_save_s, total)
         ctx.beat("saved", p.step, total)
-        cost = save_cost(p.blocking_s, total, p.step_times, list(self._outside))
+        cost = save_cost(p.blocking_s, total if durable_s is None else durable_s, p.step_times, list(self._outside))
         ctx.log(f"  successfully saved checkpoint at iteration {p.step:7d} to {ctx.paths.checkpoint(p.step)} "
                 f"(asynchronous: written {p.written_s:.2f} s after the start; {cost_words(cost)})")
         self._said_cost(p.step, "async", cost)
