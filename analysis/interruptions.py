@@ -34,7 +34,10 @@ __all__ = ["ATTEMPT_COLUMNS", "EVENTS_READ", "INTERRUPTION_COLUMNS", "assign_att
 # The event kinds the attempt table reads: a long run's event log is mostly `iteration` rows, left out at once.
 EVENTS_READ = (EventKind.STOP, EventKind.SIGNAL, EventKind.HANG, EventKind.EXIT, EventKind.TRAIN_END,
                EventKind.REQUEUE, EventKind.CHECKPOINT_SAVED, EventKind.RESUME, EventKind.EXCLUDE,
-               EventKind.JOB_START)
+               EventKind.JOB_START, EventKind.IN_JOB_RESTART)
+# recovery/injob.py's cause of a relaunched step: a lost node is what Slurm said of the node (the ranks' broken
+# collective is its consequence); a hang or a crash is evidence like the ranks' own
+_IN_JOB_CAUSE = {"lost_node": Cause.NODE_FAILURE, "hang": Cause.HANG, "crash": Cause.CRASH}
 _DECIDED = tuple(c.value for c in Cause.decided_ones())  # a stop event naming one: the ranks decided the cause
 _STOPPED_BY_RANKS = (Cause.CRASH.value, Cause.HANG.value, Cause.NAN.value, Cause.OOM.value,
                      Cause.REPLAY_MISMATCH.value, Cause.BUDGET.value)  # a stop event naming one
@@ -196,6 +199,7 @@ def build_attempts(
         win["start"] = win["start"].fillna(win["ev_start"]) if "start" in win else win["ev_start"]
         win["end"] = win["end"].fillna(win["ev_end"])
         win = win.drop(columns=["ev_start", "ev_end"])
+        win = _in_job_windows(win, ev)
     win["attempt"] = win["attempt"].astype("Int64")
     for c in ("submit", "start", "end"):
         win[c] = pd.to_datetime(win[c], errors="coerce").astype(_US)
@@ -293,6 +297,9 @@ def build_attempts(
                 hosts = ",".join(str(h) for h in (r.bad_here if isinstance(r.bad_here, list) else [r.bad_here]))
                 decided[(r.job, r.attempt)] = (Cause.NODE_EXCLUSION, f"event exclude: on recorded failed node(s) "
                                                                      f"{hosts}, requeued away before training")
+            if r.event == EventKind.IN_JOB_RESTART and getattr(r, "cause", None) == "lost_node":
+                decided[(r.job, r.attempt)] = (Cause.NODE_FAILURE, "event in_job_restart lost_node: "
+                                                                   + str(getattr(r, "detail", "") or "")[:160])
             if r.event == EventKind.STOP and str(getattr(r, "reason", "")) in _DECIDED:
                 why = str(getattr(r, "evidence", "") or "")
                 decided[(r.job, r.attempt)] = (str(r.reason), f"event stop {r.reason}" + (f": {why[:200]}" if why else ""))
@@ -320,6 +327,8 @@ def build_attempts(
                 add(r.job, r.attempt, Cause(r.reason), f"event stop {r.reason}" + (f": {why[:400]}" if why else ""))
             elif r.event == EventKind.HANG:
                 add(r.job, r.attempt, Cause.HANG, "event hang")
+            elif r.event == EventKind.IN_JOB_RESTART and getattr(r, "cause", None) in _IN_JOB_CAUSE:
+                add(r.job, r.attempt, _IN_JOB_CAUSE[r.cause], f"event in_job_restart {r.cause}")
             elif r.event == EventKind.EXIT and str(getattr(r, "reason", "")) == "error":
                 add(r.job, r.attempt, Cause.CRASH, "event exit error")
             elif r.event == EventKind.EXCLUDE and isinstance(getattr(r, "reason", None), str) \
@@ -386,6 +395,39 @@ def build_attempts(
 # what the ranks logged while Slurm was killing them: a collective that broke in the kill window records a crash.
 SLURM_FINAL_CAUSES = (Cause.USER_CANCEL, Cause.TIME_LIMIT, Cause.NODE_FAILURE, Cause.PREEMPTION)
 KILL_WINDOW_CAUSES = (Cause.CRASH, Cause.NCCL_TIMEOUT, Cause.UNKNOWN)
+
+
+def _in_job_windows(win: pd.DataFrame, ev: pd.DataFrame) -> pd.DataFrame:
+    """Steps relaunched inside one allocation (``in_job_restart``, recovery/injob.py) are attempts of their own,
+    but sacct has one row for the allocation: a relaunched step ends at its relaunch (the event's time), the next
+    step starts there, and the allocation's sacct state and end pass on to its last step (a relaunched step did
+    not end COMPLETED because the allocation did)."""
+    rel = ev[ev["event"] == EventKind.IN_JOB_RESTART] if "event" in ev else ev.iloc[0:0]
+    if rel.empty:
+        return win
+    win = win.copy()
+    for c in ("start", "end"):
+        win[c] = pd.to_datetime(win[c], errors="coerce")
+    win["state"] = win["state"].astype(object)
+    for r in rel.sort_values(["job", "attempt", "ts"]).itertuples():
+        nxt = pd.to_numeric(getattr(r, "next_restart_count", None), errors="coerce")
+        nxt = int(nxt) if pd.notna(nxt) else int(r.attempt) + 1
+        here = (win["job"] == r.job) & (win["attempt"] == r.attempt)
+        there = (win["job"] == r.job) & (win["attempt"] == nxt)
+        if not here.any():
+            continue
+        state, end, gpus = (win.loc[here, c].iloc[0] for c in ("state", "end", "gpus"))
+        win.loc[here, ["end", "state"]] = [r.ts, pd.NA]
+        if not there.any():
+            continue
+        if pd.isna(win.loc[there, "state"].iloc[0]) and isinstance(state, str):
+            win.loc[there, "state"] = state
+            if pd.notna(end):
+                win.loc[there, "end"] = end
+        win.loc[there, "start"] = r.ts
+        if pd.isna(win.loc[there, "gpus"].iloc[0]):
+            win.loc[there, "gpus"] = gpus
+    return win
 
 
 def _requeued(att: pd.DataFrame, job: str, attempt) -> bool:

@@ -21,7 +21,7 @@ if __name__ == "__main__":  # run as a script: make the repository root importab
 
 import pandas as pd  # noqa: E402
 
-from analysis import figures, spend  # noqa: E402
+from analysis import figures, recovery_time, spend  # noqa: E402
 from analysis.interruptions import build_attempts, goodput, interruptions
 from analysis.load import RunInputs, load_paths
 from analysis.mfu import (
@@ -57,7 +57,7 @@ def analyze_run(run: RunInputs, shape: RunShape, *, window: int = 20, threshold:
     """All tables of one run: attempts, interruptions, per-step metrics, summaries, goodput."""
     gpus = shape.world_size
     att, it = build_attempts(run.iterations, run.signatures, run.checkpoints, run.events, run.sacct, gpus=gpus)
-    intr = interruptions(att)
+    intr = recovery_time.add_recovery(interruptions(att), att, run.events)
     m = step_metrics(it, shape)
     ev = run.events
     if ev is not None and not ev.empty and "layout" in ev:
@@ -180,6 +180,7 @@ def _summary(run: RunInputs, res: dict) -> dict:
         "layout": figures.run_layout(_records(run.events)),
         "interruptions": int(len(intr)),
         "counts_by_cause": counts,
+        "recovery": recovery_time.summary(intr),
         "goodput": {k: _num(v) for k, v in res["goodput"].items()},
         "mfu": _num(m["mfu"].median()) if len(m) else None,
         "hfu": _num(m["hfu"].median()) if len(m) else None,
@@ -415,6 +416,8 @@ def run_blocks(name: str, s: dict, res: dict, args: argparse.Namespace, mfu_reas
         ("ul", ([f"ended: {s['ended_unanswered_timeout']}"] if s.get("ended_unanswered_timeout") else []) + [
                 f"iterations parsed: {s['iterations']:,} (unreadable lines skipped: {counts(s['skipped_lines'])})",
                 (f"layout: {s['layout']}; " if s.get("layout") else "") + f"attempts: {s['attempts']}; interruptions: {s['interruptions']} ({counts(s['counts_by_cause'])})",
+                *([f"recovery: {recovery_time.summary_line(s['recovery'])} (phases per interruption below)"]
+                  if s.get("recovery") else []),
                 *([f"node hardware faults the ranks named, each node excluded: {counts(s['hardware_faults'])}"]
                   if s.get("hardware_faults") else []),
                 f"goodput {pct(s['goodput']['goodput'])}; {mfu}" + "".join(f"; {x}" for x in (tflops, tokens) if x),
