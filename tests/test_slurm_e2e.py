@@ -243,6 +243,12 @@ def rank_pid(job_id: str, procid: int) -> Optional[int]:
     return None
 
 
+def rank_node(pid: int) -> str:
+    """The Slurm node a rank runs on (its SLURMD_NODENAME)."""
+    env = dict(x.split(b"=", 1) for x in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in x)
+    return env[b"SLURMD_NODENAME"].decode()
+
+
 def hang(cluster: Cluster, d: Path) -> Run:
     """TP2 x DP2, 1 s per step; after the step-10 checkpoint rank 1 is SIGSTOPped (no signal, no exit).
 
@@ -336,16 +342,18 @@ def slow_cancel(cluster: Cluster, d: Path) -> Run:
 
 
 def in_job(cluster: Cluster, d: Path) -> Run:
-    """In-job restart: 3 nodes (2 + 1 spare, --no-kill), TP2 x DP2, 1 s per step, a checkpoint every 5 steps.
+    """In-job restart: 4 nodes (2 + 2 spares, --no-kill), TP2 x DP2, 1 s per step, a checkpoint every 5 steps.
 
     After the step-5 checkpoint rank 1 is SIGKILLed (a crash: relaunched in the job on the same nodes); after the
     relaunch's step-10 checkpoint the step's second node dies (its slurmd and its ranks SIGKILLed): the job goes
-    on with the spare, under the same job id and without a requeue."""
+    on with a spare; after that step's step-15 checkpoint rank 2 (on the spare) is SIGSTOPped (a hang): the
+    watchdog ends the step and the job goes on with the last spare instead of the suspect's node. All under the
+    same job id, without a requeue (cluster.in_job_restarts=3: all three used)."""
     import os
     import signal
 
     run = submit(cluster, d / "injob", "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=1",
-                 "cluster.spare_nodes=1", "training.checkpoint_interval=5")
+                 "cluster.spare_nodes=2", "training.checkpoint_interval=5", "training.watchdog.step_floor_s=10")
     wait_step(run, 7)
     wait_committed(run, 5)
     pid = rank_pid(run.job_id, 1)
@@ -361,6 +369,13 @@ def in_job(cluster: Cluster, d: Path) -> Run:
     try:  # the node stays dead until the job ends, as a failed node does
         wait_until(lambda: len(run.of("in_job_restart")) >= 2, TRAIN_TIMEOUT,
                    f"job {run.job_id} to go on without {node}", interval=1)
+        wait_until(lambda: any(e["step"] >= 17 and e["restart_count"] == 2 for e in run.of("iteration")),
+                   TRAIN_TIMEOUT, f"job {run.job_id} to reach step 17 on the spare", interval=1)
+        wait_committed(run, 15)
+        pid = rank_pid(run.job_id, 2)
+        assert pid, run.logs()
+        os.kill(pid, signal.SIGSTOP)
+        run.seen["stopped_on"] = rank_node(pid)
         finish(cluster, run, timeout=2 * TRAIN_TIMEOUT)
     finally:
         cluster.restart_slurmd(node)
@@ -368,8 +383,25 @@ def in_job(cluster: Cluster, d: Path) -> Run:
     return run
 
 
-def report_causes(cluster: Cluster, run: Run, out: Path) -> Dict[int, str]:
-    """analysis/report.py on the run (with its sacct -D dump beside it): cause per interrupted attempt."""
+BUDGET_WALL_S = 90  # the budget of the one-rank budget job, in seconds of its allocation (start-up included)
+
+
+def budget(cluster: Cluster, d: Path) -> Run:
+    """One rank (1 node x 1 task), 1 s per step, far more steps than fit a budget of 90 process-seconds: Slurm's
+    accounting of the allocation (start-up included) reaches the budget mid-run; the ranks stop at a step boundary
+    with a verified checkpoint and exit 17 (final: not requeued). The same command again is refused at submit."""
+    over = ["cluster.nodes=1", "cluster.gpus_per_node=1", "parallelism=tp1", "run.time_limit_min=10", f"{SLEEP}=1",
+            "training.train_iters=1000", "training.checkpoint_interval=1000",
+            f"run.budget_gpu_hours={BUDGET_WALL_S / 3600!r}"]
+    run = finish(cluster, submit(cluster, d / "budget", *over))
+    run.seen["exit_code"] = [r["ExitCode"] for r in run.sacct]
+    run.seen["again"] = pretrain(cluster, d, f"run.dir={run.dir}", f"run.name={run.dir.name}", *over)
+    run.seen["jobs_after"] = cluster.run("squeue", "-h", "-n", run.dir.name, "-o", "%i").stdout.split()
+    return run
+
+
+def report_rows(cluster: Cluster, run: Run, out: Path) -> List[Dict[str, str]]:
+    """analysis/report.py on the run (with its sacct -D dump beside it): the rows of interruptions.csv."""
     import csv
 
     (run.dir / "sacct.txt").write_text(cluster.sacct_dump(run.job_id))
@@ -377,7 +409,12 @@ def report_causes(cluster: Cluster, run: Run, out: Path) -> Dict[int, str]:
                          capture_output=True, text=True, timeout=300, cwd=REPO)
     assert res.returncode == 0, res.stdout + res.stderr
     with open(out / "interruptions.csv") as f:
-        return {int(r["attempt"]): f"{r['cause']} ({r['evidence']})" for r in csv.DictReader(f)}
+        return list(csv.DictReader(f))
+
+
+def report_causes(cluster: Cluster, run: Run, out: Path) -> Dict[int, str]:
+    """analysis/report.py on the run: cause per interrupted attempt."""
+    return {int(r["attempt"]): f"{r['cause']} ({r['evidence']})" for r in report_rows(cluster, run, out)}
 
 
 SCENARIOS: Dict[str, Callable[[Cluster, Path], object]] = {  # two at a time, in this order
@@ -395,6 +432,7 @@ SCENARIOS: Dict[str, Callable[[Cluster, Path], object]] = {  # two at a time, in
     "user_requeue": user_requeue,
     "admin_requeue": admin_requeue,
     "slow_cancel": slow_cancel,
+    "budget": budget,
     "in_job": in_job,
 }
 
@@ -416,7 +454,8 @@ NEEDS = {  # test -> the scenarios it reads; only those of the selected tests ru
     "test_admin_scontrol_requeue_is_a_user_requeue": ["admin_requeue"],
     "test_a_cancel_slower_than_killwait_is_reported_as_the_cancel": ["slow_cancel"],
     "test_status_after_a_drain_says_stopped_and_how_to_continue": ["drain"],
-    "test_in_job_crash_then_lost_node_continue_in_the_same_job_with_equal_losses": ["in_job", "completes"],
+    "test_in_job_crash_lost_node_and_hang_continue_in_the_same_job_with_equal_losses": ["in_job", "completes"],
+    "test_budget_stop_is_final_with_a_checkpoint_and_a_resubmission_is_refused": ["budget"],
 }
 
 
@@ -758,23 +797,73 @@ def test_status_after_a_drain_says_stopped_and_how_to_continue(scenarios: Dict[s
     assert "log analysis failed" not in st.stdout + st.stderr
 
 
-def test_in_job_crash_then_lost_node_continue_in_the_same_job_with_equal_losses(scenarios: Dict[str, Future],
-                                                                               slurm_cluster: Cluster) -> None:
+def test_in_job_crash_lost_node_and_hang_continue_in_the_same_job_with_equal_losses(
+        scenarios: Dict[str, Future], slurm_cluster: Cluster, tmp_path: Path) -> None:
     run, ref = result(scenarios, "in_job"), result(scenarios, "completes")
     # Slurm: one job id, never requeued (the lost node only resized the allocation), completed
     assert "REQUEUED" not in states(run) and states(run)[-1] == "COMPLETED", run.logs()
     assert run.restarts == 0 and {r["JobID"] for r in run.sacct} == {run.job_id}
-    crash, lost = run.of("in_job_restart")
+    crash, lost, hang = run.of("in_job_restart")
     # the crash: relaunched in the job on the same nodes
     assert crash["cause"] == "crash" and crash["nodes"] == crash["failed_nodes"] and not crash["spare_used"], run.logs()
     # the lost node: the spare replaced it, and it was not used again
     node = run.seen["node"]
     assert lost["cause"] == "lost_node" and node in lost["avoided"] and node not in lost["nodes"], run.logs()
     assert lost["spare_used"] and lost["spare_used"][0] not in crash["nodes"]
-    assert [e["restart_count"] for e in run.of("job_start")] == [0, 1, 2]
-    assert node not in run.of("job_start")[-1]["nodes"], run.logs()
-    assert node in [n["host"] for n in json.loads((run.dir / "failed_nodes.json").read_text())]
-    assert [(e["restart_count"], e["step"]) for e in run.of("resume")] == [(1, 5), (2, 10)], run.logs()
+    # the hang: the watchdog named the stopped rank's node, and the last spare replaced it (a suspect is avoided
+    # when a spare allows; it is not recorded as failed)
+    suspect = run.seen["stopped_on"]
+    assert hang["cause"] == "hang" and hang["failed_nodes"] == lost["nodes"], run.logs()
+    assert suspect in hang["avoided"] and "hang suspect" in hang["avoided"][suspect], hang
+    assert suspect not in hang["nodes"] and hang["spare_used"] and not hang["suspects_kept"], hang
+    assert hang["spare_used"][0] not in crash["nodes"] + lost["nodes"], hang
+    assert [e["restart_count"] for e in run.of("job_start")] == [0, 1, 2, 3]
+    assert node not in run.of("job_start")[-1]["nodes"] and suspect not in run.of("job_start")[-1]["nodes"]
+    failed = [n["host"] for n in json.loads((run.dir / "failed_nodes.json").read_text())]
+    assert node in failed and suspect not in failed, failed
+    assert [(e["restart_count"], e["step"]) for e in run.of("resume")] == [(1, 5), (2, 10), (3, 15)], run.logs()
     assert not run.of("requeue")
     # training: the uninterrupted run's losses
     assert run.step_reached() == ITERS and run.losses() == ref.losses(), run.logs()
+    # the report: each interruption recovered in the job, its cause, and the time to resume split into phases
+    rows = report_rows(slurm_cluster, run, tmp_path / "report")
+    assert [(r["attempt"], r["cause"], r["recovery"]) for r in rows] == [
+        ("0", "crash", "recovered in job"), ("1", "node_failure", "recovered in job"),
+        ("2", "hang", "recovered in job")], rows
+    for r in rows:
+        phases = {k: float(r[k]) for k in ("detection_s", "teardown_s", "health_check_s", "startup_s",
+                                           "checkpoint_load_s", "first_step_s", "time_to_resume_s")}
+        assert float(r["queue_wait_s"]) == 0.0 and phases["startup_s"] > 0 and phases["checkpoint_load_s"] > 0, r
+        parts = [v for k, v in phases.items() if k != "time_to_resume_s" and v == v]  # detection: nan if unsaid
+        assert sum(parts) <= phases["time_to_resume_s"] + 1, r
+
+
+def test_budget_stop_is_final_with_a_checkpoint_and_a_resubmission_is_refused(scenarios: Dict[str, Future],
+                                                                              slurm_cluster: Cluster) -> None:
+    from recovery.exit_codes import EXIT_BUDGET
+
+    run = result(scenarios, "budget")
+    # Slurm: one attempt, ended by the ranks' final exit code through the batch script (never requeued)
+    assert states(run) == ["FAILED"] and run.restarts == 0, run.logs()
+    assert run.seen["exit_code"] == [f"{EXIT_BUDGET}:0"], run.seen["exit_code"]
+    assert not run.of("requeue") and not run.of("in_job_restart"), run.logs()
+    assert [e["restart_count"] for e in run.of("job_start")] == [0]
+    # the ranks: the spend came from Slurm's accounting, crossed 50/80/95%, then the budget stop at a step boundary
+    warned = [e for e in run.of("budget_warning") if e["threshold"] != "projected"]
+    assert [e["threshold"] for e in warned] == [0.5, 0.8, 0.95] and {e["source"] for e in warned} == {"sacct"}, \
+        run.logs()
+    (stop,) = run.of("stop")
+    assert (stop["reason"], stop["code"]) == ("budget", EXIT_BUDGET), run.logs()
+    step = stop["step"]
+    assert 0 < step < 1000, f"the budget ({BUDGET_WALL_S} s) was spent before the first step: start-up too slow"
+    assert f"at iteration {step}: stopped with a verified checkpoint" in stop["detail"], stop["detail"]
+    assert [(e["reason"], e["code"]) for e in run.of("exit")] == [("budget", EXIT_BUDGET)], run.logs()
+    assert run.step_reached() == step
+    _stop_checkpoint_verified(run, step)
+    # the same command with the budget still spent: refused at submit with the arithmetic, nothing submitted
+    again = run.seen["again"]
+    assert again.returncode == 2, again.stdout + again.stderr
+    assert "run.budget_gpu_hours" in again.stderr and "(Slurm accounting) >= budget" in again.stderr, again.stderr
+    assert "raise it to continue the run: run.budget_gpu_hours=" in again.stderr, again.stderr
+    assert len((run.dir / "submissions.jsonl").read_text().splitlines()) == 1
+    assert run.seen["jobs_after"] == [], run.seen["jobs_after"]
