@@ -4,7 +4,7 @@
 Budget: one run with a budget a few steps deep: it warns at 50/80/95% (events and WARNING lines), stops itself at the
 budget with a verified checkpoint, reason ``budget``, exit 17, and is not relaunched; the same command with the
 budget still spent is refused at submit with the arithmetic; raised, the run continues from the checkpoint to the
-target. The real-Slurm variant of this test is not written yet.
+target. The real-Slurm variant is in tests/test_slurm_e2e.py (the budget scenario).
 
 Memory: the memory line every log interval (RSS on the CPU, n/a for the allocator's fields) and an injected CUDA
 out-of-memory (``SLURMTRON_TEST_OOM_AT_ITER``): forensics under ``oom/``, a final ``oom`` stop (exit 18, not
