@@ -20,7 +20,7 @@ import re
 from typing import Any, Callable, Optional
 
 from analysis import flops
-from launch import check_data, check_watch, hf_config, planner, spares, vocab
+from launch import check_data, check_local_ckpt, check_watch, hf_config, planner, spares, vocab
 from launch.config import CHOICES, Job
 from launch.paths import NAME_MAX, run_dir_issue, run_name_issue, run_root_issue  # noqa: F401
 from launch.layout_rules import batch, features, has_size_errors, layout_problems, mesh, model_split, positive_sizes
@@ -73,11 +73,12 @@ def notes(job: Job, read_index: Callable[[str], check_data.IndexFacts] = check_d
 
 def check(job: Job, *, path_exists: Callable[[str], bool] = os.path.exists,
           read_index: Callable[[str], check_data.IndexFacts] = check_data.read_index,
-          load_tokenizer: Callable[[str], Any] = get_tokenizer) -> list[Problem]:
+          load_tokenizer: Callable[[str], Any] = get_tokenizer,
+          free_bytes: Callable[[str], Optional[int]] = check_local_ckpt.probe_free_bytes) -> list[Problem]:
     """Every reason ``job`` cannot run as configured (empty list: it can).
 
-    The filesystem facts (``path_exists``, an index's ``read_index``, ``load_tokenizer``) are
-    injected so tests can describe a dataset and a tokenizer without creating files.
+    The filesystem facts (``path_exists``, an index's ``read_index``, ``load_tokenizer``, the free space of the
+    local checkpoint directory ``free_bytes``) are injected so tests can describe them without creating files.
     """
     problems: list[Problem] = []
     for rule in (positive_sizes, mesh, model_split, batch, features, _recipe_support, _overlap, _enums, _lifecycle,
@@ -85,6 +86,7 @@ def check(job: Job, *, path_exists: Callable[[str], bool] = os.path.exists,
         problems.extend(rule(job))
     problems.extend(check_data.problems(job, path_exists, read_index, load_tokenizer))
     problems.extend(hf_config.init_from_problems(job, path_exists))
+    problems.extend(check_local_ckpt.problems(job, free_bytes))
     if not has_size_errors(problems) and not any(p.field in _PLANNER_DIVISORS for p in problems):
         problems.extend(_collaborators(job))  # the planner's guards divide by the rates: not with a 0 or nan one
     return problems
@@ -255,9 +257,8 @@ def _time(job: Job) -> list[Problem]:
 def _cluster(job: Job) -> list[Problem]:
     c = job.cluster
     out = []
-    if c.launcher == "local" and c.nodes != 1:
-        out.append(Problem("cluster.nodes", "the local launcher runs on this machine only",
-                           f"nodes {c.nodes} with cluster.launcher=local", "set cluster.nodes=1"))
+    # cluster.launcher=local with nodes > 1: nodes x gpus_per_node ranks on this machine, grouped into simulated
+    # nodes (launch/local.py), each with its own node-local checkpoint directory
     if c.launcher == "slurm" and c.gpus_per_node >= 1 and c.cpus_per_node < c.gpus_per_node:
         out.append(Problem(
             "cluster.cpus_per_node", "every task (one per GPU) needs at least one CPU",

@@ -27,6 +27,7 @@ from omegaconf import MISSING
 
 from launch import vocab
 from launch.nan_guard_config import NanGuardConfig, OnNan  # noqa: F401  (OnNan: a choice type)
+from launch.local_ckpt_config import LocalCheckpointConfig
 from launch.paths import RunPaths
 from launch.planner_config import PlannerCalibration
 from launch.stragglers_config import StragglersConfig
@@ -184,6 +185,8 @@ class ClusterConfig:
     run_root: str = "runs"  # where runs/<name>/ live (shared filesystem on a real cluster)
     data_root: str = ""  # dataset prefix root
     checkpoint_root: str = ""  # '' = <run_dir>/checkpoints
+    local_checkpoint_dir: str = ""  # node-local path (/dev/shm/..., local NVMe) of training.local_checkpoint: one
+    # directory per node, <local_checkpoint_dir>/<node name>/<run.name>/ ('' = no local tier)
     lustre_stripe_count: int = 0  # >0: `lfs setstripe -c N` on the checkpoint dir
     lustre_stripe_size: str = "4M"  # `lfs setstripe -S`
     python: str = "python3"  # interpreter on the compute nodes, after modules/setup
@@ -251,6 +254,7 @@ class TrainingConfig:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)  # hang watchdog (recovery/watchdog.py)
     nan_guard: NanGuardConfig = field(default_factory=NanGuardConfig)  # NaN/Inf guard (train/nan_guard.py)
     stragglers: StragglersConfig = field(default_factory=StragglersConfig)  # live stragglers (train/stragglers.py)
+    local_checkpoint: LocalCheckpointConfig = field(default_factory=LocalCheckpointConfig)  # node-local tier
     # memory health (train/memory.py)
     memory_window: int = 5  # log intervals over which a growing reserved-allocated gap or alloc retries is an event
     oom_snapshot: bool = False  # GPU: record the allocator's history; a CUDA OOM dumps the snapshot under oom/

@@ -128,6 +128,20 @@ def from_env(
     return DistEnv(0, 1, 0, "127.0.0.1", int(env.get("MASTER_PORT", "29500")), ["127.0.0.1"], "single")
 
 
+LOCAL_NODE_ENV = "SLURMTRON_NODE"  # cluster=local with cluster.nodes > 1: the simulated node of a rank
+
+
+def simulated_node(rank: int, per_node: int) -> str:
+    """``node1``: the simulated node of ``rank`` when ``cluster=local`` groups its ranks ``per_node`` at a time."""
+    return f"node{rank // max(1, per_node)}"
+
+
+def node_name(env: Mapping[str, str], hostname: Callable[[], str] = socket.gethostname) -> str:
+    """This rank's node: the simulated node of ``cluster=local`` (``SLURMTRON_NODE``), Slurm's ``SLURMD_NODENAME``,
+    else the host name. The local checkpoint tier keys its directories and its ring by it."""
+    return env.get(LOCAL_NODE_ENV) or env.get("SLURMD_NODENAME") or hostname()
+
+
 PG_TIMEOUT_S = 1800  # torch.distributed's process-group timeout for training (a hung collective raises after it)
 
 

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, Sequence, TextIO
 
-from launch.dist_env import free_port
+from launch.dist_env import LOCAL_NODE_ENV, free_port, simulated_node
 from launch.kinds import EventKind
 from launch.paths import RunPaths
 from recovery.exit_codes import EXIT_COMPLETED, EXIT_REQUEUE, EXIT_RUN_LOCKED, FINAL_CODES, FINAL_REASONS, REFUSAL_CODES
@@ -52,19 +52,27 @@ WORKER_MODULE = "train.worker"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
-def rank_env(base: Mapping[str, str], rank: int, world: int, port: int, attempt: int, repo_root: str) -> dict:
+def rank_env(base: Mapping[str, str], rank: int, world: int, port: int, attempt: int, repo_root: str,
+             per_node: Optional[int] = None) -> dict:
     """The environment of one local rank: torchrun-style variables, every inherited SLURM_* removed.
+
+    ``per_node`` (``cluster.gpus_per_node`` when ``cluster.nodes`` > 1): the ranks are grouped into simulated
+    nodes of that many ranks, ``node0``, ``node1``, ... (``SLURMTRON_NODE``; ``LOCAL_RANK`` counts within the node),
+    so the node-local checkpoint tier has one directory per node and a ring of nodes on one machine.
 
     ``OMP_NUM_THREADS`` defaults to 1: the thread count changes the order of float reductions,
     and a bitwise comparison of two attempts needs the same order in both.
     """
     env = {k: v for k, v in base.items() if not k.startswith("SLURM_")}  # not a Slurm task
     env.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank % per_node if per_node else rank),
+        LOCAL_WORLD_SIZE=str(per_node or world),
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), SLURMTRON_RESTART_COUNT=str(attempt),
         PYTHONPATH=os.pathsep.join([repo_root] + ([base["PYTHONPATH"]] if base.get("PYTHONPATH") else [])),
         PYTHONUNBUFFERED="1", OMP_NUM_THREADS=base.get("OMP_NUM_THREADS", "1"),
     )
+    if per_node and per_node < world:
+        env[LOCAL_NODE_ENV] = simulated_node(rank, per_node)
     return env
 
 
@@ -98,6 +106,7 @@ class Ranks:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     poll_s: float = 0.2
+    per_node: Optional[int] = None  # ranks per simulated node (cluster=local with cluster.nodes > 1)
     procs: List[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -115,7 +124,7 @@ class Ranks:
             self._files.append(out)
             tee = r == self.world - 1 and self.echo is not None
             p = self.popen(
-                [self.python, *self.argv], env=rank_env(self.env, r, self.world, port, self.attempt, repo_root),
+                [self.python, *self.argv], env=rank_env(self.env, r, self.world, port, self.attempt, repo_root, self.per_node),
                 cwd=repo_root, stdout=subprocess.PIPE if tee else out, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
@@ -231,6 +240,7 @@ class LocalLauncher:
     sleep: Callable[[float], None] = time.sleep
     ranks: Optional[Ranks] = None
     interrupted: bool = False
+    per_node: Optional[int] = None  # ranks per simulated node (cluster.nodes > 1)
 
     @property
     def procs(self) -> List[Any]:
@@ -248,6 +258,7 @@ class LocalLauncher:
             argv=["-m", WORKER_MODULE, str(self.run_dir)], world=self.world,
             log_path=lambda r: paths.rank_log(attempt, r), env=self.env, attempt=attempt, python=self.python,
             echo=self.echo, popen=self.popen, clock=self.clock, sleep=lambda dt: self.sleep(dt), poll_s=self.poll_s,
+            per_node=self.per_node,
         ).start()
         done = self.ranks.wait(grace_s=5.0)
         return Attempt(attempt, done.codes, self.interrupted)
@@ -374,7 +385,8 @@ def final_words(code: int) -> str:
 def _chain(job: Any, run_dir: Path, *, popen: Callable[..., Any], env: dict, echo: TextIO,
            max_attempts: Optional[int], install_signals: bool) -> int:
     """Launch attempt after attempt, as Slurm's ``--requeue`` would, until a final code."""
-    launcher = LocalLauncher(run_dir=run_dir, world=job.world_size, popen=popen, env=env, echo=echo)
+    launcher = LocalLauncher(run_dir=run_dir, world=job.world_size, popen=popen, env=env, echo=echo,
+                             per_node=job.cluster.gpus_per_node if job.cluster.nodes > 1 else None)
     previous = {}
     if install_signals and threading.current_thread() is threading.main_thread():
         for s in (signal.SIGINT, signal.SIGTERM):

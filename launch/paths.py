@@ -337,3 +337,51 @@ class RunPaths:
     def rank_log(self, attempt: int, rank: int, prefix: str = "local") -> Path:
         """One rank's output when the ranks run on this machine (``cluster=local``, the tests)."""
         return self.logs / f"{prefix}_{attempt}_rank{rank}.out"
+
+
+# ---- the node-local checkpoint tier (training.local_checkpoint) ---------------------------------------------
+# <cluster.local_checkpoint_dir>/<node>/<run.name>/local_NNNNNNN/   a committed local set held by <node>:
+#     manifest.json                       run identity, step, world, layout, the nodes and their ranks, SHA-256s
+#     <owner node>/rank_NNNNN.safetensors one rank's tensors (its own node's, and the replicas of the previous
+#     <owner node>/rank_NNNNN.json        node(s) of the ring), and its JSON state (step, data position, scheduler)
+# local_NNNNNNN.tmp (being written), local_NNNNNNN.del (being pruned): never loaded.
+LOCAL_SET_PREFIX = "local_"
+LOCAL_MANIFEST = "manifest.json"
+_LOCAL_SET_NAME = re.compile(rf"^{LOCAL_SET_PREFIX}(\d{{{CHECKPOINT_DIGITS},}})"
+                             rf"({re.escape(STAGING_SUFFIX)}|{re.escape(DELETE_SUFFIX)})?$")
+
+
+def local_set_name(step: int) -> str:
+    """``local_0000012``: a committed local set of step 12."""
+    return f"{LOCAL_SET_PREFIX}{int(step):0{CHECKPOINT_DIGITS}d}"
+
+
+def parse_local_set_name(name: str) -> Optional[tuple[int, str]]:
+    """``local_0000012`` -> (12, ''), ``local_0000012.tmp`` -> (12, '.tmp'); None for any other name."""
+    m = _LOCAL_SET_NAME.match(name)
+    return (int(m.group(1)), m.group(2) or "") if m else None
+
+
+@dataclass(frozen=True)
+class LocalPaths:
+    """The files of one run's local tier on one node: ``<local_checkpoint_dir>/<node>/<run.name>/``.
+
+    With ``cluster=local`` every simulated node's directory is on this machine; on Slurm ``<local_checkpoint_dir>``
+    is node-local, and the ``<node>`` level keeps a misconfigured shared path from mixing nodes."""
+
+    root: Path  # cluster.local_checkpoint_dir
+    run_name: str
+
+    def node_dir(self, node: str) -> Path:
+        return self.root / node / self.run_name
+
+    def set_dir(self, node: str, step: int) -> Path:
+        return self.node_dir(node) / local_set_name(step)
+
+    def staging(self, node: str, step: int) -> Path:
+        return self.node_dir(node) / (local_set_name(step) + STAGING_SUFFIX)
+
+    @staticmethod
+    def shard_files(owner: str, rank: int) -> tuple[str, str]:
+        """A rank's two files inside a set, relative to it: tensors (safetensors) and JSON state."""
+        return f"{owner}/rank_{int(rank):05d}.safetensors", f"{owner}/rank_{int(rank):05d}.json"

@@ -111,7 +111,6 @@ CASES = [
     ("partition_newline", LUSTRE_7B, _cluster(partition="gpu\n#SBATCH --qos=high"), "cluster.partition", "newline"),
     ("env_key", LUSTRE_7B, _cluster(env={"BAD-KEY": "1"}), "cluster.env.BAD-KEY", "[A-Za-z_]"),
     ("sbatch_extra_key", LUSTRE_7B, _cluster(sbatch_extra={"Bad Key": "1"}), "cluster.sbatch_extra.Bad Key", "[a-z]"),
-    ("local_multi_node", LOCAL_TINY + ["cluster.nodes=2"], None, "cluster.nodes", "cluster.launcher=local"),
     ("cpus_per_task", LUSTRE_7B + ["cluster.cpus_per_node=4"], None, "cluster.cpus_per_node", "4 // gpus_per_node 8"),
     ("micro_batch_zero", LOCAL_TINY + ["training.micro_batch_size=0"], None, "training.micro_batch_size", ">= 1"),
     ("router_topk", LUSTRE_MIX + ["model.moe_router_topk=9"], None, "model.moe_router_topk", "9 not in [1"),
