@@ -52,11 +52,13 @@ def write_job(run_dir: Path, overrides: Sequence[str]):
     return job
 
 
-def start_ranks(run_dir: Path, world: int, attempt: int = 0, extra_env: Optional[dict] = None) -> Ranks:
+def start_ranks(run_dir: Path, world: int, attempt: int = 0, extra_env: Optional[dict] = None,
+                per_node: Optional[int] = None) -> Ranks:
+    """``per_node``: group the ranks into simulated nodes of that many (``cluster=local`` with ``cluster.nodes`` > 1)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(extra_env or {})}
     paths = RunPaths.of(run_dir)
     return Ranks(argv=["-m", WORKER_MODULE, str(run_dir)], world=world, log_path=lambda r: paths.rank_log(attempt, r),
-                 env=env, attempt=attempt).start()
+                 env=env, attempt=attempt, per_node=per_node).start()
 
 
 def wait_ranks(ranks: Ranks, timeout: float) -> List[int]:

@@ -34,6 +34,8 @@ class Start:
     decision: dict = field(default_factory=dict)  # recovery.policy.Decision as a dict
     notices: list = field(default_factory=list)  # visible fallbacks: each a WARNING line and an event
     identity: Optional[dict] = None  # whose checkpoints these are (recovery.identity.run_identity)
+    local: Optional[Any] = None  # recovery.local_sets.LocalChoice: its step set = resume from that local set
+    local_nodes: Optional[list] = None  # every rank's node when the local tier is on (train/local_ckpt.py)
 
     @property
     def ok(self) -> bool:
@@ -52,13 +54,18 @@ class SaveFailed(RuntimeError):
 def find_start(ctx: RankContext) -> Start:
     """Rank 0 takes the run lock, decides from the checkpoints it finds (resume, start, or refuse) and asks
     the requeue policy; all ranks get the answer (:func:`recovery.resume.plan_resume`)."""
+    from train.local_ckpt import gather_inventories
+
+    found = gather_inventories(ctx)  # the local tier: each node verifies its sets (collective; None when off)
     start = None
     if ctx.is_first:
-        start = _decide(ctx)
-    return broadcast(start)
+        start = _decide(ctx, found[1] if found else None)
+    start = broadcast(start)
+    start.local_nodes = found[0] if found else None
+    return start
 
 
-def _decide(ctx: RankContext) -> Start:
+def _decide(ctx: RankContext, inventories: Optional[list] = None) -> Start:
     from recovery import lock, policy, stop
     from recovery.events import read_events
     from recovery.identity import run_identity
@@ -94,12 +101,20 @@ def _decide(ctx: RankContext) -> Start:
     if plan.action == "refuse":
         return refuse(plan.reason, plan.detail, notices)
     res = Resume(plan.path, plan.step, plan.meta)
+    local = None
+    if inventories is not None and not scratch:  # the newest complete verified local set, if newer (one source)
+        from recovery.local_sets import choose
+
+        local = choose(res.step, inventories, world=ctx.world, layout=ctx.layout, identity=identity)
+        notices += local.notices
+        if local.step is not None:
+            res = Resume(None, local.step, local.meta)
     ended = stop.start_refusal(ctx.paths.stop_request, res.step, ctx.job_id)  # a cancel or a drain ended the run
     if ended:
         return Start(res, {"ok": False, "reason": ended[0], "code": policy.EXIT_COMPLETED, "detail": ended[1]},
-                     notices, identity)
+                     notices, identity, local)
     decision = policy.start_decision(ctx.paths.run_dir, ctx.restart, res.step, ctx.job.training, job_id=ctx.job_id)
-    return Start(res, asdict(decision), notices, identity)
+    return Start(res, asdict(decision), notices, identity, local)
 
 
 def announce(ctx: RankContext, start: Start) -> None:
@@ -158,6 +173,7 @@ class Checkpointer(AsyncSaves):
         self.failed_in_a_row = 0  # failed periodic saves since the last committed one (training.on_save_failure)
         self._outside: deque = deque(maxlen=OUTSIDE_STEPS)  # step seconds while no save was in flight
         self._commits = 0  # commits this attempt began (rank 0; the SLURMTRON_TEST_SAVE_EIO hook counts them)
+        self.local: Optional[Any] = None  # train.local_ckpt.LocalTier when training.local_checkpoint is on
 
     def _join_warmup(self) -> None:
         """Before the first save: the writer's warm-up (train.async_ckpt.WriterWarmUp) has finished."""
@@ -273,8 +289,16 @@ class Checkpointer(AsyncSaves):
     # ---- save -----------------------------------------------------------------------------
 
     def after_step(self, state: Any, step_s: float, iters: int) -> None:
-        """A step is done: finish an async save whose write ended, then save at the interval (the first step
-        resolves ``auto``); never after the last step (the final save is save_final's)."""
+        """A step is done: the global tier (:meth:`_after_step_global`), then a node-local save when one is due
+        (never where a global save is, nor while the replay check holds saves)."""
+        self._after_step_global(state, step_s, iters)
+        if self.local is not None and not self.hold_saves and self.local.due(state.step, iters, self.interval,
+                                                                            self.saved_steps):
+            self.local.save(state)
+
+    def _after_step_global(self, state: Any, step_s: float, iters: int) -> None:
+        """Finish an async save whose write ended, then save at the interval (the first step resolves ``auto``);
+        never after the last step (the final save is save_final's)."""
         step = self.pending.step if self.pending is not None else state.step
         (self.pending.step_times if self.pending is not None else self._outside).append(step_s)
         try:

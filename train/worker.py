@@ -402,7 +402,7 @@ def _train_started(ctx: RankContext, start, iters: int, watch: Any = None) -> in
     """The run lock is held and the start decided: load, build, and train."""
     if ctx.hooks.startup_sleep_s > 0:  # test hook: a start-up slower than the slice allows
         time.sleep(ctx.hooks.startup_sleep_s)
-    from train import tracking, train_loop
+    from train import local_ckpt, tracking, train_loop
     from train.checkpointer import Checkpointer, vet_resume
     from train.data import build_source, build_validation_source, describe, describe_line
     from train.replay_parity import ReplayParity
@@ -433,7 +433,8 @@ def _train_started(ctx: RankContext, start, iters: int, watch: Any = None) -> in
         ctx.log(f"initialised every weight from the Hugging Face model in {hf_weights} (training.init_from)")
         ctx.emit(EventKind.INIT_FROM, source=str(hf_weights), step=0)
     ckpt = Checkpointer(ctx, parts, start.identity)
-    state = ckpt.load(start.resume)
+    ckpt.local = local_ckpt.tier_for(ctx, parts, start)  # None unless training.local_checkpoint is on
+    state = local_ckpt.load_start(ctx, ckpt, start, ckpt.local)
     if tracking.is_tracking_rank():  # one rank writes TensorBoard/W&B; it purges steps past the resumed one
         ctx.tracker = tracking.open_tracker(job, ctx.paths, resumed_step=state.step,
                                             warn=lambda line: print(line, flush=True), emit=ctx.emit)

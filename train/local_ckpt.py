@@ -1,0 +1,432 @@
+"""The node-local checkpoint tier on the ranks: every ``training.local_checkpoint.interval`` steps each rank writes its
+own shard of the training state to its node's local directory and sends it to the ranks of the next
+``replication - 1`` nodes of a ring; a start restores from the newest complete, verified local set when it is newer
+than the newest global checkpoint (the rules: :mod:`recovery.local_sets`; the paths: :class:`launch.paths.LocalPaths`).
+
+What a shard holds: this rank's tensors only (same-layout restore only): the model chunks' ``state_dict`` (this
+rank's tensor/pipeline slice), and for each Megatron optimizer its inner torch optimizer's parameters (the fp32 main
+weights, this rank's dp shard with the distributed optimizer) and their Adam state, plus the grad scaler (fp16);
+as JSON: the step, the data position (consumed samples, skipped batches), the scheduler and the optimizer's param
+groups. No RNG state: the loop re-seeds every RNG from (seed, step) at each step
+(:func:`train.train_loop.seed_step`). Tensors are written with safetensors (no pickle), everything else as JSON, so
+nothing read back from a node-local directory (which another job on the node may write) is ever unpickled.
+
+Why not NVRx's local checkpointing (nvidia-resiliency-ext 0.4.1, ``CliqueReplicationStrategy``): its exchange moves
+every tensor through CUDA (``ten.cuda()`` in ``group_utils.isend_state_dict`` / ``irecv_state_dict``), so it
+cannot run on CPU/gloo, and it sends and reloads the state dict with pickle (``send_object_list``,
+``torch.load(weights_only=False)`` of the local files). The ring here is small: gloo ``isend``/``recv`` of byte
+tensors over the training process group, never the shared filesystem.
+
+The save is synchronous (a local write plus one exchange per peer: milliseconds to seconds), outside the
+asynchronous global path; it never replaces a global checkpoint: the stop, the final save and a requeue across
+allocations always write the global tier. A failed local save is a WARNING and a ``local_checkpoint_skipped`` event,
+and training goes on (the global tier is the durable one).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from launch.dist_env import node_name
+from launch.kinds import EventKind
+from launch.paths import LOCAL_MANIFEST, LocalPaths, local_set_name
+from recovery import local_sets
+from recovery.events import read_events
+from recovery.storage import HASH_NAME
+from train.context import gather
+from train.megatron_ckpt import sync_params
+from train.train_loop import TrainState
+
+FORMAT = "slurmtron-local-shard"
+
+
+def enabled(job: Any) -> bool:
+    return bool(job.training.local_checkpoint.enabled and job.cluster.local_checkpoint_dir)
+
+
+def local_paths(job: Any) -> LocalPaths:
+    return LocalPaths(Path(job.cluster.local_checkpoint_dir), job.run.name)
+
+
+def all_gather(obj: Any) -> List[Any]:
+    """Every rank's ``obj`` on every rank (in-memory objects of this job only, never a file)."""
+    out: List[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def rank_nodes(ctx: Any) -> List[str]:
+    """Every rank's node, in rank order (a collective)."""
+    return all_gather(node_name(ctx.env))
+
+
+# ---- the shard ----------------------------------------------------------------------------------------------
+
+def _inner(optimizer: Any) -> List[Any]:
+    return list(getattr(optimizer, "chained_optimizers", None) or [optimizer])
+
+
+def _jsonable(v: Any) -> bool:
+    try:
+        json.dumps(v)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def shard_state(parts: Any, train_state: Any) -> tuple[Dict[str, torch.Tensor], dict]:
+    """This rank's tensors (name -> a private contiguous copy) and its JSON state."""
+    chunks, optimizer, scheduler = parts
+    sync_params(chunks)
+    tensors: Dict[str, torch.Tensor] = {}
+    for i, c in enumerate(chunks):
+        for k, v in getattr(c, "module", c).state_dict().items():
+            if torch.is_tensor(v):
+                tensors[f"model{i}/{k}"] = v
+    groups: List[List[dict]] = []
+    scalars: Dict[str, Any] = {}
+    for j, opt in enumerate(_inner(optimizer)):
+        inner = opt.optimizer
+        groups.append([{k: v for k, v in g.items() if k != "params" and _jsonable(v)} for g in inner.param_groups])
+        for gi, g in enumerate(inner.param_groups):
+            for pi, p in enumerate(g["params"]):
+                tensors[f"optim{j}/main/{gi}/{pi}"] = p
+                for key, val in inner.state.get(p, {}).items():
+                    if torch.is_tensor(val):
+                        tensors[f"optim{j}/state/{gi}/{pi}/{key}"] = val
+                    else:
+                        scalars[f"optim{j}/state/{gi}/{pi}/{key}"] = val
+        scaler = getattr(opt, "grad_scaler", None)
+        if scaler is not None:
+            for k, v in scaler.state_dict().items():
+                if torch.is_tensor(v):
+                    tensors[f"optim{j}/scaler/{k}"] = v
+                else:
+                    scalars[f"optim{j}/scaler/{k}"] = v
+    doc = {"format": FORMAT, "training_state": {"step": train_state.step,
+                                                "consumed_samples": train_state.consumed_samples,
+                                                "data_skips": [list(x) for x in train_state.skips]},
+           "scheduler": {k: v for k, v in scheduler.state_dict().items() if _jsonable(v)},
+           "param_groups": groups, "scalars": scalars}
+    return {k: v.detach().clone().contiguous() for k, v in tensors.items()}, doc
+
+
+def restore_shard(parts: Any, tensors: Dict[str, torch.Tensor], doc: dict) -> dict:
+    """Copy a shard back into model, optimizer and scheduler (same layout); the training state it records."""
+    chunks, optimizer, scheduler = parts
+    if doc.get("format") != FORMAT:
+        raise ValueError(f"not a local shard: format {doc.get('format')!r}")
+    for i, c in enumerate(chunks):
+        module = getattr(c, "module", c)
+        own = {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith(f"model{i}/")}
+        current = module.state_dict()
+        missing = [k for k, v in current.items() if torch.is_tensor(v) and k not in own]
+        if missing:
+            raise ValueError(f"the local shard lacks {missing[0]} (+{len(missing) - 1}): saved in another layout?")
+        with torch.no_grad():
+            for k, v in current.items():
+                if torch.is_tensor(v):
+                    if v.shape != own[k].shape:
+                        raise ValueError(f"{k}: shape {tuple(own[k].shape)} in the local shard, {tuple(v.shape)} here")
+                    v.copy_(own[k])
+    scalars = doc.get("scalars") or {}
+    saved_groups = doc.get("param_groups") or []
+    for j, opt in enumerate(_inner(optimizer)):
+        inner = opt.optimizer
+        if j >= len(saved_groups) or len(saved_groups[j]) != len(inner.param_groups):
+            raise ValueError(f"optimizer {j}: {len(inner.param_groups)} param groups here, the local shard has "
+                             f"{len(saved_groups[j]) if j < len(saved_groups) else 0}: saved in another layout?")
+        for gi, g in enumerate(inner.param_groups):
+            g.update(saved_groups[j][gi])  # lr, weight decay, ... (the scheduler sets lr and wd again below)
+            for pi, p in enumerate(g["params"]):
+                with torch.no_grad():
+                    p.copy_(tensors[f"optim{j}/main/{gi}/{pi}"])
+                prefix = f"optim{j}/state/{gi}/{pi}/"
+                state = {k[len(prefix):]: v.clone() for k, v in tensors.items() if k.startswith(prefix)}
+                state.update({k[len(prefix):]: v for k, v in scalars.items() if k.startswith(prefix)})
+                if state:
+                    inner.state[p] = state
+        scaler = getattr(opt, "grad_scaler", None)
+        if scaler is not None:
+            sd = {k.rsplit("/", 1)[1]: v for k, v in tensors.items() if k.startswith(f"optim{j}/scaler/")}
+            sd.update({k.rsplit("/", 1)[1]: v for k, v in scalars.items() if k.startswith(f"optim{j}/scaler/")})
+            scaler.load_state_dict(sd)
+    scheduler.num_steps = 0  # Megatron's load_state_dict adds the saved count (train/megatron_ckpt.py)
+    scheduler.load_state_dict(doc["scheduler"])
+    return doc["training_state"]
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.new(HASH_NAME, data).hexdigest()
+
+
+# ---- the exchange -------------------------------------------------------------------------------------------
+
+def exchange(payloads: Dict[int, bytes], receive_from: List[int]) -> Dict[int, bytes]:
+    """Send ``payloads`` ({receiver rank: bytes}) and receive one payload from each rank in ``receive_from``, over
+    the process group (gloo or NCCL on CPU tensors through gloo): every send is posted first, so a ring never
+    deadlocks. A length header precedes each payload."""
+    pending = []
+    for dst, data in sorted(payloads.items()):
+        header = torch.tensor([len(data)], dtype=torch.int64)
+        body = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+        pending.append((dist.isend(header, dst), header))
+        pending.append((dist.isend(body, dst), body))
+    got: Dict[int, bytes] = {}
+    for src in receive_from:
+        header = torch.empty(1, dtype=torch.int64)
+        dist.recv(header, src)
+        body = torch.empty(int(header.item()), dtype=torch.uint8)
+        dist.recv(body, src)
+        got[src] = body.numpy().tobytes()
+    for work, _buf in pending:
+        work.wait()
+    return got
+
+
+def _pack(tensor_bytes: bytes, json_bytes: bytes) -> bytes:
+    return len(tensor_bytes).to_bytes(8, "little") + tensor_bytes + json_bytes
+
+
+def _unpack(data: bytes) -> tuple[bytes, bytes]:
+    n = int.from_bytes(data[:8], "little")
+    return data[8:8 + n], data[8 + n:]
+
+
+# ---- the tier -----------------------------------------------------------------------------------------------
+
+class LocalTier:
+    """One rank's part of the local tier (every method is collective: every rank calls it)."""
+
+    def __init__(self, ctx: Any, parts: Any, nodes: List[str], identity: Optional[dict] = None) -> None:
+        self.ctx = ctx
+        self.parts = parts
+        self.cfg = ctx.job.training.local_checkpoint
+        self.paths = local_paths(ctx.job)
+        self.rank_nodes = nodes
+        self.node = nodes[ctx.rank]
+        self.leader = local_sets.ranks_of(nodes)[self.node][0] == ctx.rank  # writes its node's manifest
+        self.plan = local_sets.exchange_plan(nodes, self.cfg.replication)
+        self.identity = identity
+        self.saved: set[int] = set()
+
+    def due(self, step: int, iters: int, global_interval: Optional[int], global_saved: set) -> bool:
+        """A local save at ``step``: on the local interval, before the last step, and not where a global save is."""
+        if step <= 0 or step >= iters or step % self.cfg.interval or step in self.saved or step in global_saved:
+            return False
+        return not (global_interval and step % global_interval == 0)
+
+    def save(self, state: Any) -> bool:
+        """Write, replicate, agree, commit (each node's leader), prune; False (and a WARNING) if it failed."""
+        ctx, st, step = self.ctx, self.ctx.storage, state.step
+        t0 = ctx.clock()
+        ctx.beat("save", step)
+        staging = self.paths.staging(self.node, step)
+        error = None
+        if self.leader:
+            try:
+                for stale in (staging, self.paths.set_dir(self.node, step)):
+                    st.remove_tree(stale)
+                st.makedirs(staging)
+            except OSError as e:
+                error = f"{type(e).__name__}: {e}"
+        dist.barrier()
+        tensors, doc = shard_state(self.parts, state)
+        doc["rank"], doc["node"] = ctx.rank, self.node
+        t_bytes, j_bytes = st_save(tensors), json.dumps(doc, sort_keys=True).encode()
+        del tensors
+        own_rels = LocalPaths.shard_files(self.node, ctx.rank)
+        written: Dict[str, tuple] = {}
+        if error is None:
+            error = self._write(staging, {own_rels[0]: t_bytes, own_rels[1]: j_bytes}, written)
+        sends = {dst: _pack(t_bytes, j_bytes) for src, dst in self.plan if src == ctx.rank}
+        sources = [src for src, dst in self.plan if dst == ctx.rank]
+        got = exchange(sends, sources)
+        for src, data in got.items():
+            tb, jb = _unpack(data)
+            rels = LocalPaths.shard_files(self.rank_nodes[src], src)
+            if error is None:
+                error = self._write(staging, {rels[0]: tb, rels[1]: jb}, written)
+        own = {rel: (len(b), _sha(b)) for rel, b in zip(own_rels, (t_bytes, j_bytes))}
+        reports = all_gather({"rank": ctx.rank, "node": self.node, "error": error, "own": own, "written": written})
+        problem = self._agree(reports)
+        committed = 0
+        if problem is None and self.leader:
+            try:
+                mine = {rel: v for r in reports if r["node"] == self.node for rel, v in r["written"].items()}
+                self._commit(staging, step, mine, state)
+                committed = 1
+            except OSError as e:
+                problem = f"node {self.node} could not commit: {type(e).__name__}: {e}"
+        flag = torch.tensor([0 if problem else 1], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # every node committed (or the set is not complete anywhere)
+        seconds = ctx.clock() - t0
+        if int(flag.item()) == 1:
+            self.saved.add(step)
+            ctx.emit(EventKind.LOCAL_CHECKPOINT_SAVED, step=step, seconds=seconds, bytes=len(t_bytes) + len(j_bytes),
+                     nodes=len(set(self.rank_nodes)), replication=self.cfg.replication,
+                     sent_bytes=sum(len(v) for v in sends.values()))
+            ctx.log(f"  local checkpoint of iteration {step:7d} on {len(set(self.rank_nodes))} node(s), "
+                    f"replication {self.cfg.replication} ({seconds:.2f} s)")
+            ctx.beat("saved", step, seconds)
+            return True
+        if self.leader and not committed:
+            try:
+                st.remove_tree(staging)
+            except OSError:
+                pass
+        why = problem or "another node could not commit its local set"
+        msg = f"the local checkpoint of iteration {step} failed ({why}); training goes on, the global tier is intact"
+        ctx.emit(EventKind.LOCAL_CHECKPOINT_SKIPPED, step=step, path=str(staging), node=self.node, reason="save_failed",
+                 detail=msg[:2000])
+        ctx.log(f"WARNING: {msg}")
+        ctx.beat("saved", step, seconds)
+        return False
+
+    def _write(self, staging: Path, files: Dict[str, bytes], written: Dict[str, tuple]) -> Optional[str]:
+        """Write and fsync ``files`` under ``staging``; the error as text (the exchange goes on either way)."""
+        try:
+            for rel, data in files.items():
+                path = staging / rel
+                self.ctx.storage.makedirs(path.parent)
+                with open(path, "wb") as f:
+                    f.write(data)
+                    f.flush()
+                    os.fsync(f.fileno())
+                written[rel] = (len(data), _sha(data))
+            return None
+        except OSError as e:
+            return f"{type(e).__name__}: {e}"
+
+    def _agree(self, reports: List[dict]) -> Optional[str]:
+        """Every rank computes the same verdict from the same reports: every write succeeded and every replica's
+        SHA-256 is the sender's."""
+        for r in reports:
+            if r["error"]:
+                return f"rank {r['rank']} on {r['node']}: {r['error']}"
+        owned = {rel: v for r in reports for rel, v in r["own"].items()}
+        for r in reports:
+            for rel, v in r["written"].items():
+                if owned.get(rel) != tuple(v):
+                    return f"rank {r['rank']} on {r['node']} received {rel} damaged (sha256 differs from the sender's)"
+        return None
+
+    def _commit(self, staging: Path, step: int, files: Dict[str, tuple], state: Any) -> None:
+        st = self.ctx.storage
+        for d in st.list_subdirs(staging):
+            st.fsync_dir(d)
+        doc = local_sets.build_manifest(
+            step, self.node, run=self.identity, world=self.ctx.world, layout=self.ctx.layout,
+            rank_nodes=self.rank_nodes, files=files, now=time.time(),
+            meta={"step": step, "consumed_samples": state.consumed_samples})
+        st.write_text(staging / LOCAL_MANIFEST, json.dumps(doc, indent=1))
+        st.fsync_dir(staging)
+        final = self.paths.set_dir(self.node, step)
+        st.rename(staging, final)
+        node_dir = self.paths.node_dir(self.node)
+        st.fsync_dir(node_dir)
+        for name in local_sets.prune_names(st.list_dir(node_dir), keep=self.cfg.keep, committed=step):
+            st.remove_tree(node_dir / name)
+
+    # ---- restore --------------------------------------------------------------------------------------------
+
+    def restore(self, choice: Any) -> dict:
+        """Every rank: its shard from the chosen set (read here, or sent by a rank on the node that holds it),
+        each file's SHA-256 checked against the holder's manifest; the training state to go on from."""
+        ctx = self.ctx
+        plan = local_sets.fetch_plan(choice, self.rank_nodes)
+        sends: Dict[int, bytes] = {}
+        for rank, sender in plan.items():
+            if sender == ctx.rank:
+                sends[rank] = self._read(choice, rank)
+        mine = plan[ctx.rank]
+        got = exchange(sends, [] if mine is None else [mine])
+        data = self._read(choice, ctx.rank) if mine is None else got[mine]
+        tb, jb = _unpack(data)
+        doc = json.loads(jb.decode())
+        return restore_shard(self.parts, st_load(tb), doc)
+
+    def _read(self, choice: Any, rank: int) -> bytes:
+        """Rank ``rank``'s two files from the chosen set on this node, verified, packed."""
+        _holder, set_path, owner = choice.sources[rank]
+        rels = LocalPaths.shard_files(owner, rank)
+        out = []
+        for rel in rels:
+            data = (Path(set_path) / rel).read_bytes()
+            want = choice.files[rank][rel]
+            if len(data) != want.get("size") or _sha(data) != want.get("sha256"):
+                raise ValueError(f"{Path(set_path) / rel} changed since the start verified it (sha256 differs)")
+            out.append(data)
+        return _pack(out[0], out[1])
+
+
+# ---- the start ----------------------------------------------------------------------------------------------
+
+def gather_inventories(ctx: Any) -> Optional[tuple]:
+    """Every rank (collective, when the tier is on): each node's first rank verifies its node's local directory;
+    rank 0 gets (rank nodes, inventories), the others (rank nodes, None). None when the tier is off."""
+    if not enabled(ctx.job):
+        return None
+    nodes = rank_nodes(ctx)
+    node = nodes[ctx.rank]
+    inv = None
+    if local_sets.ranks_of(nodes)[node][0] == ctx.rank:
+        inv = asdict(local_sets.scan_node(local_paths(ctx.job).node_dir(node), node, storage=ctx.storage))
+    got = gather(inv)
+    return nodes, (None if got is None else [local_sets.Inventory(
+        i["node"], [local_sets.HeldSet(**s) for s in i["sets"]], [tuple(x) for x in i["skipped"]])
+        for i in got if i is not None])
+
+
+def tier_for(ctx: Any, parts: Any, start: Any) -> Optional[LocalTier]:
+    """The local tier of this attempt (None when it is off)."""
+    nodes = getattr(start, "local_nodes", None)
+    return LocalTier(ctx, parts, nodes, start.identity) if nodes else None
+
+
+def _last_logged_step(ctx: Any) -> Optional[int]:
+    """Rank 0: the last step an earlier attempt logged (what an interruption lost is counted from)."""
+    steps = [e.get("step") for e in read_events(ctx.paths.events) if e.get("event") == EventKind.ITERATION]
+    steps = [s for s in steps if isinstance(s, int)]
+    return max(steps) if steps else None
+
+
+def load_start(ctx: Any, ckpt: Any, start: Any, tier: Optional[LocalTier]) -> Any:
+    """Every rank: the training state from the source the start chose (a local set, the global checkpoint, or
+    nothing), and a ``resumed_from`` event (rank 0) naming the tier and the steps the interruption lost."""
+    local = getattr(start, "local", None)
+    last = _last_logged_step(ctx) if ctx.is_first else None
+    global_step = (local.global_step if local is not None else start.resume.step)
+    if tier is not None and local is not None and local.step is not None:
+        t0 = ctx.clock()
+        ctx.beat("load", local.step)
+        holders = sorted({h for h, _p, _o in local.sources.values()})
+        where = f"{local_set_name(local.step)} on node(s) {', '.join(holders)}"
+        ctx.log(f"loading the local checkpoint {where} at iteration {local.step}")
+        ts = tier.restore(local)
+        state = TrainState(step=int(ts["step"]), consumed_samples=int(ts["consumed_samples"]),
+                           skips=[list(x) for x in ts.get("data_skips") or []])
+        tier.saved.add(state.step)
+        seconds = ctx.clock() - t0
+        ctx.log(f"  successfully loaded the local checkpoint {where} at iteration {state.step} ({seconds:.2f} s)")
+        ctx.emit(EventKind.RESUME, step=state.step, checkpoint=f"local:{where}", consumed_samples=state.consumed_samples,
+                 from_layout=ctx.layout, seconds=seconds)
+        tier_name, source = "local", where
+    else:
+        state = ckpt.load(start.resume)
+        tier_name = "global" if start.resume.path else "none"
+        source = str(start.resume.path) if start.resume.path else None
+    if ctx.is_first and (state.step > 0 or last is not None):
+        ctx.emit(EventKind.RESUMED_FROM, tier=tier_name, step=state.step, source=source, global_step=global_step,
+                 lost_steps=max(0, last - state.step) if last is not None else 0)
+    return state
