@@ -34,7 +34,7 @@ __all__ = ["ATTEMPT_COLUMNS", "EVENTS_READ", "INTERRUPTION_COLUMNS", "assign_att
 # The event kinds the attempt table reads: a long run's event log is mostly `iteration` rows, left out at once.
 EVENTS_READ = (EventKind.STOP, EventKind.SIGNAL, EventKind.HANG, EventKind.EXIT, EventKind.TRAIN_END,
                EventKind.REQUEUE, EventKind.CHECKPOINT_SAVED, EventKind.RESUME, EventKind.EXCLUDE,
-               EventKind.JOB_START, EventKind.IN_JOB_RESTART)
+               EventKind.JOB_START, EventKind.IN_JOB_RESTART, EventKind.RESUMED_FROM)
 # recovery/injob.py's cause of a relaunched step: a lost node is what Slurm said of the node (the ranks' broken
 # collective is its consequence); a hang or a crash is evidence like the ranks' own
 _IN_JOB_CAUSE = {"lost_node": Cause.NODE_FAILURE, "hang": Cause.HANG, "crash": Cause.CRASH}
@@ -46,11 +46,11 @@ _US = "datetime64[us]"  # one resolution: pandas refuses to merge_asof seconds w
 ATTEMPT_COLUMNS = [
     "job", "attempt", "submit", "start", "end", "state", "gpus", "first_step", "last_step",
     "first_step_time", "last_step_time", "resumed_from", "n_iterations", "step_time_s",
-    "productive_s", "lost_s", "checkpoint_s", "cause", "evidence", "finished", "ended",
+    "productive_s", "lost_s", "checkpoint_s", "cause", "evidence", "finished", "ended", "resumed_tier",
 ]
 INTERRUPTION_COLUMNS = [
     "job", "attempt", "time", "slurm_state", "cause", "evidence", "last_step", "resumed_from",
-    "steps_lost", "gpu_hours_lost", "queue_wait_s", "restart_latency_s",
+    "steps_lost", "gpu_hours_lost", "queue_wait_s", "restart_latency_s", "resumed_tier",
 ]
 
 
@@ -340,6 +340,7 @@ def build_attempts(
     finished_ev = set()
     ckpt_s: dict[tuple, float] = {}
     resume_step: dict[tuple, int] = {}
+    resume_tier: dict[tuple, str] = {}  # the resumed_from event: global | local (node-local set) | none
     ended_ev = set()
     if not ev.empty:
         for r in ev.itertuples():
@@ -353,6 +354,8 @@ def build_attempts(
                 ckpt_s[key] = ckpt_s.get(key, 0.0) + float(pd.to_numeric(getattr(r, "seconds", 0), errors="coerce") or 0.0)
             if r.event == EventKind.RESUME and not pd.isna(r.step):
                 resume_step[key] = int(r.step)
+            if r.event == EventKind.RESUMED_FROM and isinstance(getattr(r, "tier", None), str):
+                resume_tier[key] = r.tier
     if not ck.empty:
         trained = set(zip(att.loc[att["first_step"].notna(), "job"], att.loc[att["first_step"].notna(), "attempt"]))
         for r in ck[ck["kind"] == "loaded"].itertuples():
@@ -388,6 +391,7 @@ def build_attempts(
     att["ended"] = ended
     att["resumed_from"] = pd.array(resumed, dtype="Int64")
     att["checkpoint_s"] = ckpt_col
+    att["resumed_tier"] = [resume_tier.get((r.job, r.attempt)) for r in att.itertuples()]
     return att[ATTEMPT_COLUMNS], it
 
 
@@ -491,8 +495,9 @@ def interruptions(att: pd.DataFrame) -> pd.DataFrame:
                   if nxt is not None and pd.notna(nxt.start) and pd.notna(nxt.submit) else np.nan)
             lat = ((nxt.first_step_time - r.end).total_seconds()
                    if nxt is not None and pd.notna(nxt.first_step_time) and pd.notna(r.end) else np.nan)
+            tier = nxt.resumed_tier if nxt is not None else None
             rows.append((job, r.attempt, when, r.state if isinstance(r.state, str) else None, cause, r.evidence,
-                         r.last_step, resumed, lost, gh, qw, lat))
+                         r.last_step, resumed, lost, gh, qw, lat, tier))
     df = pd.DataFrame(rows, columns=INTERRUPTION_COLUMNS)
     for c in ("last_step", "resumed_from", "steps_lost"):
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")
