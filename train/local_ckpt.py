@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import time
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -152,7 +153,7 @@ def restore_shard(parts: Any, tensors: Dict[str, torch.Tensor], doc: dict) -> di
                 with torch.no_grad():
                     p.copy_(tensors[f"optim{j}/main/{gi}/{pi}"])
                 prefix = f"optim{j}/state/{gi}/{pi}/"
-                state = {k[len(prefix):]: v.clone() for k, v in tensors.items() if k.startswith(prefix)}
+                state = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}  # one storage each
                 state.update({k[len(prefix):]: v for k, v in scalars.items() if k.startswith(prefix)})
                 if state:
                     inner.state[p] = state
@@ -166,41 +167,49 @@ def restore_shard(parts: Any, tensors: Dict[str, torch.Tensor], doc: dict) -> di
     return doc["training_state"]
 
 
-def _sha(data: bytes) -> str:
-    return hashlib.new(HASH_NAME, data).hexdigest()
+def _sha(data: Any) -> str:
+    """SHA-256 of bytes or a uint8 array (its buffer, not a copy)."""
+    return hashlib.new(HASH_NAME, memoryview(data)).hexdigest()
 
 
 # ---- the exchange -------------------------------------------------------------------------------------------
 
-def exchange(payloads: Dict[int, bytes], receive_from: List[int]) -> Dict[int, bytes]:
-    """Send ``payloads`` ({receiver rank: bytes}) and receive one payload from each rank in ``receive_from``, over
-    the process group (gloo or NCCL on CPU tensors through gloo): every send is posted first, so a ring never
-    deadlocks. A length header precedes each payload."""
+def _as_tensor(blob: Any) -> torch.Tensor:
+    """A uint8 tensor over ``blob``'s bytes without a copy (gloo only reads it)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns that a bytes object is not writable: nothing writes it
+        return torch.frombuffer(blob, dtype=torch.uint8) if len(blob) else torch.empty(0, dtype=torch.uint8)
+
+
+def exchange(payloads: Dict[int, List[bytes]], receive_from: List[int]) -> Dict[int, List[Any]]:
+    """Send ``payloads`` ({receiver rank: [blob, ...]}) and receive the blobs of each rank in ``receive_from`` (as
+    uint8 numpy arrays, not copied again), over the process group: every send is posted first, so a ring never
+    deadlocks. A header with the blobs' lengths precedes them; an empty blob is not sent."""
     pending = []
-    for dst, data in sorted(payloads.items()):
-        header = torch.tensor([len(data)], dtype=torch.int64)
-        body = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
-        pending.append((dist.isend(header, dst), header))
-        pending.append((dist.isend(body, dst), body))
-    got: Dict[int, bytes] = {}
+    for dst, blobs in sorted(payloads.items()):
+        header = torch.tensor([len(b) for b in blobs], dtype=torch.int64)
+        count = torch.tensor([len(blobs)], dtype=torch.int64)
+        pending += [(dist.isend(count, dst), count), (dist.isend(header, dst), header)]
+        for b in blobs:
+            if len(b):
+                body = _as_tensor(b)
+                pending.append((dist.isend(body, dst), body))
+    got: Dict[int, List[Any]] = {}
     for src in receive_from:
-        header = torch.empty(1, dtype=torch.int64)
+        count = torch.empty(1, dtype=torch.int64)
+        dist.recv(count, src)
+        header = torch.empty(int(count.item()), dtype=torch.int64)
         dist.recv(header, src)
-        body = torch.empty(int(header.item()), dtype=torch.uint8)
-        dist.recv(body, src)
-        got[src] = body.numpy().tobytes()
+        blobs = []
+        for n in header.tolist():
+            body = torch.empty(int(n), dtype=torch.uint8)
+            if n:
+                dist.recv(body, src)
+            blobs.append(body.numpy())
+        got[src] = blobs
     for work, _buf in pending:
         work.wait()
     return got
-
-
-def _pack(tensor_bytes: bytes, json_bytes: bytes) -> bytes:
-    return len(tensor_bytes).to_bytes(8, "little") + tensor_bytes + json_bytes
-
-
-def _unpack(data: bytes) -> tuple[bytes, bytes]:
-    n = int.from_bytes(data[:8], "little")
-    return data[8:8 + n], data[8 + n:]
 
 
 # ---- the tier -----------------------------------------------------------------------------------------------
@@ -249,14 +258,15 @@ class LocalTier:
         written: Dict[str, tuple] = {}
         if error is None:
             error = self._write(staging, {own_rels[0]: t_bytes, own_rels[1]: j_bytes}, written)
-        sends = {dst: _pack(t_bytes, j_bytes) for src, dst in self.plan if src == ctx.rank}
+        sends = {dst: [t_bytes, j_bytes] for src, dst in self.plan if src == ctx.rank}
         sources = [src for src, dst in self.plan if dst == ctx.rank]
         got = exchange(sends, sources)
-        for src, data in got.items():
-            tb, jb = _unpack(data)
+        for src in list(got):
+            tb, jb = got.pop(src)
             rels = LocalPaths.shard_files(self.rank_nodes[src], src)
             if error is None:
                 error = self._write(staging, {rels[0]: tb, rels[1]: jb}, written)
+            del tb, jb
         own = {rel: (len(b), _sha(b)) for rel, b in zip(own_rels, (t_bytes, j_bytes))}
         reports = all_gather({"rank": ctx.rank, "node": self.node, "error": error, "own": own, "written": written})
         problem = self._agree(reports)
@@ -275,7 +285,7 @@ class LocalTier:
             self.saved.add(step)
             ctx.emit(EventKind.LOCAL_CHECKPOINT_SAVED, step=step, seconds=seconds, bytes=len(t_bytes) + len(j_bytes),
                      nodes=len(set(self.rank_nodes)), replication=self.cfg.replication,
-                     sent_bytes=sum(len(v) for v in sends.values()))
+                     sent_bytes=sum(len(b) for v in sends.values() for b in v))
             ctx.log(f"  local checkpoint of iteration {step:7d} on {len(set(self.rank_nodes))} node(s), "
                     f"replication {self.cfg.replication} ({seconds:.2f} s)")
             ctx.beat("saved", step, seconds)
@@ -293,7 +303,7 @@ class LocalTier:
         ctx.beat("saved", step, seconds)
         return False
 
-    def _write(self, staging: Path, files: Dict[str, bytes], written: Dict[str, tuple]) -> Optional[str]:
+    def _write(self, staging: Path, files: Dict[str, Any], written: Dict[str, tuple]) -> Optional[str]:
         """Write and fsync ``files`` under ``staging``; the error as text (the exchange goes on either way)."""
         try:
             for rel, data in files.items():
@@ -351,13 +361,19 @@ class LocalTier:
                 sends[rank] = self._read(choice, rank)
         mine = plan[ctx.rank]
         got = exchange(sends, [] if mine is None else [mine])
-        data = self._read(choice, ctx.rank) if mine is None else got[mine]
-        tb, jb = _unpack(data)
+        del sends
+        if mine is None:
+            tb, jb = self._read(choice, ctx.rank)
+        else:
+            tb, jb = (arr.tobytes() for arr in got.pop(mine))
         doc = json.loads(jb.decode())
-        return restore_shard(self.parts, st_load(tb), doc)
+        tensors = st_load(tb)
+        del tb
+        return restore_shard(self.parts, tensors, doc)
 
-    def _read(self, choice: Any, rank: int) -> bytes:
-        """Rank ``rank``'s two files from the chosen set on this node, verified, packed."""
+    def _read(self, choice: Any, rank: int) -> List[bytes]:
+        """Rank ``rank``'s two files (tensors, JSON) from the chosen set on this node, each checked against the
+        SHA-256 of the holder's manifest."""
         _holder, set_path, owner = choice.sources[rank]
         rels = LocalPaths.shard_files(owner, rank)
         out = []
@@ -367,7 +383,7 @@ class LocalTier:
             if len(data) != want.get("size") or _sha(data) != want.get("sha256"):
                 raise ValueError(f"{Path(set_path) / rel} changed since the start verified it (sha256 differs)")
             out.append(data)
-        return _pack(out[0], out[1])
+        return out
 
 
 # ---- the start ----------------------------------------------------------------------------------------------
