@@ -346,7 +346,8 @@ class RunPaths:
 #     <owner node>/rank_NNNNN.json        node(s) of the ring), and its JSON state (step, data position, scheduler)
 # local_NNNNNNN.tmp (being written), local_NNNNNNN.del (being pruned): never loaded.
 LOCAL_SET_PREFIX = "local_"
-LOCAL_MANIFEST = "manifest.json"
+MANIFEST = "manifest.json"  # in every committed checkpoint (recovery/commit.py) and local set
+LOCAL_MANIFEST = MANIFEST
 _LOCAL_SET_NAME = re.compile(rf"^{LOCAL_SET_PREFIX}(\d{{{CHECKPOINT_DIGITS},}})"
                              rf"({re.escape(STAGING_SUFFIX)}|{re.escape(DELETE_SUFFIX)})?$")
 

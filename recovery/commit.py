@@ -49,12 +49,11 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from launch.paths import (  # noqa: F401  (re-exported: the names of the commit protocol)
-    ASIDE_SUFFIX, DELETE_SUFFIX, LATEST, STAGING_SUFFIX, checkpoint_name, parse_checkpoint_name,
+    ASIDE_SUFFIX, DELETE_SUFFIX, LATEST, MANIFEST, STAGING_SUFFIX, checkpoint_name, parse_checkpoint_name,
 )
 from recovery.quarantine import quarantine
 from recovery.storage import BLAKE2B_NAME, HASH_NAME, HASHES, LocalStorage, StorageError, classify, digest_key
 
-MANIFEST = "manifest.json"
 FORMAT = "slurmtron-checkpoint"
 FORMAT_VERSION = 2  # 2: SHA-256 digests ("hash" names the algorithm); 1: BLAKE2b-256, still loaded
 VERSION_HASHES = {1: (BLAKE2B_NAME,), 2: tuple(HASHES)}  # the digests each manifest version may carry
