@@ -34,6 +34,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from analysis.signatures import candidate_lines
+
 try:  # optional: the RE2 compute kernels are the fast path; without pyarrow the re path runs
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -565,7 +567,6 @@ def parse_checkpoint_text(text: str, *, source: str = "", job_id: str | None = N
     step a restart resumed from. ``offset`` is the position in the file, to order these
     against error lines. ``skipped`` is always 0: a garbled checkpoint line is just not one.
     """
-    from analysis.signatures import candidate_lines  # local: signatures imports nothing of ours
 
     recs = []
     for m in (m for st, en in candidate_lines(text, ("checkpoint",)) for m in _CHECKPOINT_RE.finditer(text, st, en)):

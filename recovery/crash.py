@@ -50,7 +50,7 @@ from typing import Mapping, Optional, Sequence
 
 from launch.kinds import EventKind
 from launch.paths import RunPaths
-from recovery import exit_codes, policy
+from recovery import exit_codes, lock, policy
 from recovery.events import EventLog, read_events
 from recovery.exclusion import requeue_excluding
 from recovery.slurm import Runner, Slurm, default_runner
@@ -114,17 +114,6 @@ def max_restarts_of(run_dir: Path) -> Optional[int]:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def foreign_holder(run_dir: Path, job_id: str, runner: Runner = default_runner) -> Optional[str]:
-    """Who holds the run lock, when it is a live holder other than Slurm job ``job_id`` (else None)."""
-    from recovery import lock
-
-    held = lock.active_holder(RunPaths.of(run_dir).lock, job_active=lambda j: lock.slurm_job_active(j, runner))
-    if held is None or (held[0].job_id and str(held[0].job_id) == str(job_id)):
-        return None
-    holder, why = held
-    return f"{holder.describe()} ({why})"
-
-
 @dataclass(frozen=True)
 class Verdict:
     """The judgement of a failed attempt: ``again`` (another attempt may train) or ``code`` and why not."""
@@ -151,7 +140,7 @@ def judge(run_dir: Path, env: Mapping[str, str], runner: Runner = default_runner
     if rc is not None and rc in exit_codes.REFUSAL_CODES:
         return Verdict(False, f"srun exited {rc} ({exit_codes.code_name(rc)}): a refusal is final, another attempt "
                               f"would meet it again; not requeued", 0, job_id)
-    holder = foreign_holder(run_dir, job_id, runner)
+    holder = lock.foreign_holder(run_dir, job_id, runner)
     if holder is not None:
         return Verdict(False, f"this job does not hold the run lock: {holder}. This job was refused (one writer "
                               f"per run); not requeued, nothing written into the run", 0, job_id)

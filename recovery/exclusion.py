@@ -51,6 +51,8 @@ from launch.hardware_faults import hardware_fault
 from launch.kinds import EventKind
 from launch.paths import RunPaths
 from recovery import policy
+from recovery.events import EventLog
+from recovery.lock import foreign_holder
 from recovery.slurm import Runner, Slurm, default_runner
 
 __all__ = ["default_runner", "requeue_excluding", "set_excluded", "start_check", "hardware_fault", "recorded_hosts"]
@@ -282,9 +284,6 @@ def main(argv: Optional[Sequence[str]] = None, env: Optional[Mapping[str, str]] 
     run_dir = Path(args[1])
     if argv is None:  # the real CLI: the requeue it may do SIGTERMs this process before the update
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    from recovery.crash import foreign_holder
-    from recovery.events import EventLog
-
     if env.get("SLURM_JOB_ID") and (holder := foreign_holder(run_dir, env["SLURM_JOB_ID"], runner)):
         # another live job is the run's writer: this one will be refused by the run lock (exit 9) and must not
         # write into the holder's records or requeue itself on the holder's account

@@ -39,6 +39,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
+from launch.paths import RunPaths
+from recovery.policy import restart_count_from_env
+from recovery.slurm import Runner, Slurm, default_runner
+
 HANDOVER_ENV = "SLURMTRON_LOCK_TOKEN"  # the local launcher's record token, in its ranks' environment
 ACTIVE_STATES = frozenset({"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED",
                            "CONFIGURING", "COMPLETING", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED"})
@@ -140,8 +144,6 @@ def squeue_states(job_ids: list, runner: Callable[..., Any] = subprocess.run) ->
     ids = [str(j) for j in job_ids if j]
     if not ids:
         return {}
-    from recovery.slurm import Slurm
-
     reply = Slurm(runner).call(["squeue", "-h", "-o", "%i|%T", "-j", ",".join(ids)], timeout=60)
     if not reply.ok:
         if "Invalid job id" in reply.err:  # every id is unknown to slurmctld: all long gone
@@ -214,8 +216,6 @@ class Acquired:
 
 def me_from_env(env: Mapping[str, str], *, clock: Callable[[], float] = time.time) -> Holder:
     """This process's record (host, pid and its start time, Slurm job id, restart count)."""
-    from recovery.policy import restart_count_from_env
-
     pid = os.getpid()
     return Holder(host=socket.gethostname(), pid=pid, pid_start=process_start_time(pid),
                   job_id=env.get("SLURM_JOB_ID") or None, restart_count=restart_count_from_env(env),
@@ -302,3 +302,12 @@ def active_holder(path: Path, *, host: Optional[str] = None,
         return Holder.garbage(text), f"unreadable lock record {text[:80]!r}"
     verdict, why = judge(holder, None, host=host or socket.gethostname(), alive=alive, job_active=job_active)
     return (holder, why) if verdict == "held" else None
+
+
+def foreign_holder(run_dir: Path, job_id: str, runner: Runner = default_runner) -> Optional[str]:
+    """Who holds the run lock, when it is a live holder other than Slurm job ``job_id`` (else None)."""
+    held = active_holder(RunPaths.of(run_dir).lock, job_active=lambda j: slurm_job_active(j, runner))
+    if held is None or (held[0].job_id and str(held[0].job_id) == str(job_id)):
+        return None
+    holder, why = held
+    return f"{holder.describe()} ({why})"

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from launch.kinds import EventKind
-from launch.paths import CHECKPOINTS, RunPaths
+from launch.paths import CHECKPOINTS, RunDirError, RunPaths, given_run_dir
 from recovery.commit import (
     ASIDE_SUFFIX,
     DELETE_SUFFIX,
@@ -35,10 +35,13 @@ from recovery.commit import (
     read_latest,
     verify,
 )
+from recovery.events import read_events
+from recovery.exit_codes import FINAL_REASONS
+from recovery.identity import model_shape, read_run_id
 from recovery.pickle_guard import unsafe_pickles
 from recovery.quarantine import QUARANTINE_DIR, list_quarantine, quarantine
 from recovery.storage import LocalStorage, StorageError
-from recovery.trust import TRUST_ENV, writable_by_others
+from recovery.trust import TRUST_ENV, trusts_shared, writable_by_others
 
 __all__ = ["Resume", "ResumePlan", "find_latest_verified", "plan_resume", "explain", "main", "verify"]
 
@@ -372,8 +375,6 @@ def run_context(arg: Path, *, storage: Optional[LocalStorage] = None) -> tuple[P
 
     import yaml
 
-    from recovery.identity import model_shape, read_run_id
-
     st = storage or LocalStorage()
     arg = Path(arg)
     run_dir = arg if st.exists(RunPaths.of(arg).config) else (
@@ -398,10 +399,6 @@ def explain(root: Path, *, storage: Optional[LocalStorage] = None,
     (with the run's identity and the checkpoints its event log records when the run directory is
     known), changing nothing on disk.
     """
-    from recovery.events import read_events
-    from recovery.policy import FINAL_REASONS
-    from recovery.trust import trusts_shared
-
     st = storage or LocalStorage()
     given = Path(root)
     root, run_dir, identity = run_context(given, storage=st)
@@ -481,8 +478,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     if len(args) != 1 or args[0].startswith("-"):
         print("usage: python -m recovery.resume RUN_DIR|CHECKPOINT_ROOT (--help for more)", file=sys.stderr)
         return 2
-    from launch.paths import RunDirError, given_run_dir
-
     try:  # the run-directory rule of every entry point: resolved, so the verdict names the real directory
         root = given_run_dir(args[0], "checkpoint directory")
     except RunDirError as exc:

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
+from recovery.commit import manifest_of, verify
+from recovery.identity import model_shape
 from recovery.resume import Resume, candidates_of, find_latest_verified, owner_problem
 from recovery.storage import LocalStorage, StorageError
 
@@ -86,8 +88,6 @@ class Verdict:
 
 
 def _bytes(path: Path, st: LocalStorage) -> int:
-    from recovery.commit import manifest_of
-
     files = (manifest_of(path, storage=st).get("files") or {})
     return sum(int(f.get("size", 0)) if isinstance(f, dict) else 0 for f in files.values())
 
@@ -109,8 +109,6 @@ def judge(job: Any, checkpoints: Path, run_id: Optional[str], *, storage: Option
         return Verdict(Resume(None, None), notes=[f"cannot read {checkpoints} ({exc}); the ranks will judge it"])
     if res.path is None:
         return Verdict(res)
-    from recovery.identity import model_shape
-
     identity = {"name": job.run.name, "id": run_id, "model": model_shape(job.model)}
     if owner_problem(res.owner, identity, res.meta):
         return Verdict(res)
@@ -121,8 +119,6 @@ def judge(job: Any, checkpoints: Path, run_id: Optional[str], *, storage: Option
     if target and res.step is not None and res.step >= int(target):
         try:
             deep = _bytes(res.path, st) <= DEEP_VERIFY_MAX_BYTES
-            from recovery.commit import verify
-
             if deep and verify(res.path, storage=st, deep=True) is not None:
                 return Verdict(res)  # it will not load: the ranks fall back past it, with a WARNING
         except (StorageError, OSError):

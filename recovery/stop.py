@@ -68,6 +68,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
 from launch.kinds import Cause
+from recovery.slurm import Slurm, default_runner
+from recovery.storage import atomic_write_json
 
 # The causes the ranks decide here (launch/kinds.py: ``decided``); each requeues unless it is ``final``.
 USER_CANCEL = Cause.USER_CANCEL
@@ -183,8 +185,6 @@ def query_job(job_id: str, runner: Optional[Callable[..., Any]] = None, *,
 
     ``runner`` is :func:`recovery.slurm.default_runner` by default (SIGTERM ignored in the child:
     Slurm signals every process of a cancelled step, the query asking about it included)."""
-    from recovery.slurm import Slurm, default_runner
-
     slurm = Slurm(runner or default_runner)
     at = clock()
     errors = []
@@ -313,8 +313,6 @@ def stopped(doc: Optional[dict]) -> bool:
 
 
 def _write(path: Path, doc: dict) -> None:
-    from recovery.storage import atomic_write_json
-
     atomic_write_json(Path(path), doc)
 
 

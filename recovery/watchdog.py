@@ -45,7 +45,8 @@ from typing import Any, Callable, Mapping, Optional
 
 from launch.kinds import EventKind
 from launch.paths import HANG_SUMMARY, RunPaths
-from recovery import hang_report
+from recovery import hang_report, policy
+from recovery.events import EventLog
 from recovery.hang_report import Limits, Watch
 from recovery.storage import atomic_write_json
 
@@ -289,8 +290,6 @@ class Watcher:
         summary["excluded"] = repeat if self.a.get("job_id") else []
         atomic_write_json(self.dir / HANG_SUMMARY, summary)
         self.log(hang_report.describe(summary))
-        from recovery.events import EventLog
-
         ev = EventLog(RunPaths.of(self.a["run_dir"]).events, rank=0, job_id=self.a.get("job_id"),
                       restart_count=int(self.a["restart"]), host=self.a.get("host"))
         slim = lambda xs: [{"rank": x["rank"], "host": x["host"], "why": x["why"]} for x in xs]  # noqa: E731
@@ -299,8 +298,6 @@ class Watcher:
                 suspects=slim(summary["suspects"]), victims=slim(summary["victims"]),
                 unknown=slim(summary["unknown"]), stacks=str(self.dir), dump="faulthandler")
         for host in summary["excluded"]:
-            from recovery import policy
-
             policy.record_failed_node(Path(self.a["run_dir"]), host, "a rank on it hung in two attempts in a row",
                                       job_id=self.a.get("job_id"))
             ev.emit(EventKind.FAILED_NODE, host=host, source="hang_twice")
