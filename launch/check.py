@@ -22,9 +22,10 @@ from typing import Any, Callable, Optional
 from analysis import flops
 from launch import check_data, check_local_ckpt, check_watch, hf_config, planner, spares, vocab
 from launch.config import CHOICES, Job
-from launch.paths import NAME_MAX, run_dir_issue, run_name_issue, run_root_issue  # noqa: F401
 from launch.layout_rules import batch, features, has_size_errors, layout_problems, mesh, model_split, positive_sizes
+from launch.paths import NAME_MAX, run_dir_issue, run_name_issue, run_root_issue  # noqa: F401
 from launch.problems import Problem
+from launch.slice_fit import slice_warning
 from launch.tokenizer import get_tokenizer
 
 __all__ = ["check", "layout_problems", "notes", "padded_vocab_size"]
@@ -62,8 +63,6 @@ def notes(job: Job, read_index: Callable[[str], check_data.IndexFacts] = check_d
         out.extend(planner.memory_warnings(job))  # inside the planner's error band: may or may not fit
     out.extend(check_data.notes(job, read_index))
     if job.cluster.launcher == "slurm":
-        from launch.slice_fit import slice_warning
-
         fit = slice_warning(job.run.time_limit_min, job.training.signal_lead_time_s,
                             job.paths_at(job.run_dir).events)
         if fit:

@@ -23,7 +23,7 @@ from omegaconf import DictConfig
 from omegaconf.errors import InterpolationResolutionError, OmegaConfBaseException
 
 from launch.compose import CONFIG_DIR, MOVED, config_error, migrate_overrides, to_job, unknown_keys
-from launch.config import Job
+from launch.config import Job, register_configs
 from launch.problems import format_problems
 
 EXIT_REFUSED = 2
@@ -184,8 +184,6 @@ def compose_config(overrides: Sequence[str]) -> DictConfig:
     """Compose ``hydra_conf/config.yaml`` with ``overrides`` outside ``@hydra.main`` (Hydra's errors
     propagate: give them to :func:`override_error_line`)."""
     from hydra import compose, initialize_config_dir
-
-    from launch.config import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):

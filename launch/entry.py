@@ -17,8 +17,10 @@ from typing import Callable
 
 from omegaconf import DictConfig
 
+from launch.cli import EXIT_REFUSED, override_error_line, wants_help
 from launch.compose import CONFIG_DIR, migrate_overrides
 from launch.config import register_configs
+from launch.paths import run_root_problem
 
 CONFIG_NAME = "config"
 
@@ -50,8 +52,6 @@ def quiet_hydra_overrides(argv: list[str], sweep_id: str, scratch_dir: str = "")
 def run_root_override_problem(argv: list[str]) -> str:
     """The run-directory rule's line for a ``cluster.run_root=`` override that is empty or the filesystem root
     ('' when there is none): Hydra would create a multirun's ``<run_root>/sweeps/<id>/`` there before any check."""
-    from launch.paths import run_root_problem
-
     for a in argv:
         key, sep, value = a.lstrip("+~").partition("=")
         if sep and key == "cluster.run_root" and not value.strip().strip("'\"").strip():
@@ -77,8 +77,6 @@ def hydra_entry(main: Callable[[DictConfig, str], int], sweep_id: str = "", usag
     import tempfile
 
     import hydra
-
-    from launch.cli import EXIT_REFUSED, override_error_line, wants_help
 
     argv = sys.argv
     if usage and wants_help(argv[1:]):

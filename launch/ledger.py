@@ -20,6 +20,7 @@ import yaml
 from analysis import spend
 from launch.config import Job
 from launch.paths import RunPaths
+from launch.planner import estimate
 from launch.problems import Problem
 from recovery.events import read_events
 from recovery.slurm import Runner, Slurm, default_runner
@@ -193,8 +194,6 @@ def quota_problems(job: Job, run_dir: Path, *, now: Optional[float] = None) -> l
 
 
 def _estimate_hours(job: Job) -> Optional[float]:
-    from launch.planner import estimate
-
     try:
         return estimate(job).gpu_hours_total
     except Exception:  # an estimate that cannot be made: the quota check says so in its arithmetic

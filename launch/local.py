@@ -45,7 +45,10 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence, TextIO
 from launch.dist_env import LOCAL_NODE_ENV, free_port, simulated_node
 from launch.kinds import EventKind
 from launch.paths import RunPaths
+from recovery import lock
+from recovery.events import EventLog
 from recovery.exit_codes import EXIT_COMPLETED, EXIT_REQUEUE, EXIT_RUN_LOCKED, FINAL_CODES, FINAL_REASONS, REFUSAL_CODES
+from recovery.lock import HANDOVER_ENV, RunLocked
 
 TERMINAL = FINAL_CODES  # codes after which nothing is relaunched
 WORKER_MODULE = "train.worker"
@@ -305,9 +308,6 @@ def take_run_lock(run_dir: str | Path, *, job_active: Optional[Callable[[str], O
     Raises :class:`recovery.lock.RunLocked` when a live writer holds it; nothing is written then.
     A stale lock taken over (its holder died) is a WARNING line on ``echo`` and a
     ``run_lock_takeover`` event, as when a rank takes it over."""
-    from recovery import lock
-    from recovery.events import EventLog
-
     kw = {} if job_active is None else {"job_active": job_active}
     acquired = lock.acquire(RunPaths.of(run_dir).lock, lock.me_from_env({}), **kw)  # this launcher is no Slurm step
     if acquired.taken_over is not None:
@@ -343,8 +343,6 @@ def run(
 
     ``run_lock``: the run lock already taken (:func:`take_run_lock`, as ``launch/pretrain.py`` does
     before it writes config.yaml); else it is taken here. Either way it is released at the end."""
-    from recovery.lock import HANDOVER_ENV, RunLocked
-
     run_dir = Path(run_dir)
     echo = sys.stdout if echo is None else echo
     if not RunPaths.of(run_dir).config.exists():

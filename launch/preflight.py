@@ -45,12 +45,19 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     _ROOT = str(Path(__file__).resolve().parent.parent)
     sys.path[:] = [_ROOT] + [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
+from launch.check import check, run_dir_problems  # noqa: E402
+from launch.cli import compose_config, job_or_refusal, override_error_line, wants_help  # noqa: E402
+from launch.compose import job_to_yaml  # noqa: E402
 from launch.config import Job, PreflightConfig  # noqa: E402
+from launch.local import Ranks  # noqa: E402
 from launch.paths import RunPaths  # noqa: E402
 from launch.preflight_checks import (  # noqa: E402
     BREAKAGES, FAIL, Report, format_table, read_report, run_failed, write_report,
 )
 from launch.problems import format_problems  # noqa: E402
+from launch.render import read_failed_nodes, render  # noqa: E402
+from launch.submit import SubmitError, parse_job_id, sbatch  # noqa: E402
+from recovery.slurm import Slurm  # noqa: E402
 from recovery.slurm import default_runner  # noqa: E402
 from recovery.storage import atomic_write_json  # noqa: E402
 
@@ -90,8 +97,6 @@ def preflight_job(job: Job, opts: PreflightConfig) -> Job:
 
 def write_preflight_dir(job: Job, opts: PreflightConfig, run_dir: Path, brk: str = "") -> Path:
     """``<run_dir>/preflight/{config.yaml,options.json}``; removes a previous verdict."""
-    from launch.compose import job_to_yaml
-
     pf_dir = RunPaths.of(run_dir).preflight_dir
     paths = RunPaths.of(pf_dir)
     paths.logs.mkdir(parents=True, exist_ok=True)
@@ -111,8 +116,6 @@ def run_local(job: Job, pf_dir: Path, timeout_s: float, *, popen: Callable[..., 
               env: Optional[Mapping[str, str]] = None, clock: Callable[[], float] = time.monotonic,
               sleep: Callable[[float], None] = time.sleep) -> list[Optional[int]]:
     """Start the ranks as local processes and wait; returns their codes (None = killed on timeout)."""
-    from launch.local import Ranks
-
     logs = RunPaths.of(pf_dir).logs
     ranks = Ranks(argv=["-m", WORKER_MODULE, str(pf_dir)], world=job.world_size,
                   log_path=lambda r: logs / f"rank{r}.out", env=dict(os.environ if env is None else env),
@@ -144,8 +147,6 @@ def finish(run_dir: Path, pf_dir: Path, codes: Sequence[Optional[int]], out: Tex
 
 def render_preflight(job: Job, run_dir: Path, pf_dir: Path, opts: PreflightConfig) -> str:
     """The preflight's sbatch script: pretrain's renderer, the preflight worker as the srun step."""
-    from launch.render import read_failed_nodes, render
-
     pf_job = preflight_job(job, opts)
     pf_job = replace(pf_job, run=replace(pf_job.run, name=f"{job.run.name}-preflight"))
     script = render(pf_job, pf_dir, failed_nodes=read_failed_nodes(run_dir))
@@ -160,9 +161,6 @@ def submit_slurm(job: Job, run_dir: Path, pf_dir: Path, opts: PreflightConfig, *
                  out: TextIO, err: TextIO, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> int:
     """Render, ``sbatch --parsable``, and (``preflight.wait``) wait for ``preflight.json``."""
-    from launch.submit import SubmitError, parse_job_id, sbatch
-    from recovery.slurm import Slurm
-
     slurm = Slurm(runner)
     script = RunPaths.of(pf_dir).script
     script.write_text(render_preflight(job, run_dir, pf_dir, opts))
@@ -193,9 +191,6 @@ def main(argv: Sequence[str], *, runner: Callable[..., Any] = default_runner,
          env: Optional[Mapping[str, str]] = None, clock: Callable[[], float] = time.monotonic,
          sleep: Callable[[float], None] = time.sleep) -> int:
     """Compose and check the job like pretrain.py, then run the preflight on its layout."""
-    from launch.check import check, run_dir_problems
-    from launch.cli import compose_config, job_or_refusal, override_error_line, wants_help
-
     if wants_help(argv):
         print(USAGE, file=out)
         return EXIT_PASS

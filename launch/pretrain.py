@@ -9,7 +9,7 @@ one is submitted and left running (submit-and-detach), and all of them are appen
 sweep registry ``<cluster.run_root>/sweeps/<sweep id>.jsonl``.
 
 This path runs on login nodes: it must never import torch or megatron (tested in
-``tests/test_pretrain_cli.py``). The local launcher's module is imported inside its branch.
+``tests/test_pretrain_cli.py``).
 """
 from __future__ import annotations
 
@@ -27,13 +27,27 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from launch import ledger, planner  # noqa: E402
+from launch import ledger, local, planner  # noqa: E402
 from launch.check import check, notes, run_dir_problems, submission_problems  # noqa: E402
 from launch.cli import interpolation_refusal, job_or_refusal, usage  # noqa: E402,F401 (one refusal path)
 from launch.compose import job_to_yaml, literal_dollars, load_job  # noqa: E402
 from launch.config import Job  # noqa: E402
+from launch.planner.advice import fit_advice
+from launch.planner.memory import memory_plan  # noqa: E402
+from launch.preflight_checks import preflight_problems
 from launch.problems import Problem, format_problems  # noqa: E402
+from launch.render import render
+from launch.submit import RunDirSnapshot, SubmitError, submit  # noqa: E402
+from launch.submit import SubmitLock
+from launch.summary import summary
+from recovery import lock  # noqa: E402
+from recovery.events import read_events  # noqa: E402
+from recovery.identity import ensure_run_id, read_run_id  # noqa: E402
+from recovery.resume import Resume  # noqa: E402
 from recovery.slurm import Runner, default_runner  # noqa: E402
+from recovery.start_check import Verdict, judge  # noqa: E402
+from recovery.stop import request_problem  # noqa: E402
+from recovery.storage import atomic_write_json  # noqa: E402
 
 EXIT_REFUSED = 2
 EXIT_SUBMIT_FAILED = 1
@@ -178,10 +192,6 @@ def shape_problems(job: Job, run_dir: Path) -> list[Problem]:
 def checkpoint_verdict(job: Job, run_dir: Path) -> Any:
     """What the run's newest checkpoint means for this launch (:func:`recovery.start_check.judge`): a
     conflict this job cannot load (refused before any rank starts), or nothing left to train."""
-    from recovery.identity import read_run_id
-    from recovery.resume import Resume
-    from recovery.start_check import Verdict, judge
-
     try:
         return judge(job, job.paths_at(run_dir).checkpoints, read_run_id(run_dir))
     except OSError:  # an unreadable or impossible run directory: the write below refuses it in one line
@@ -202,12 +212,8 @@ def writer_problems(job: Job, run_dir: Path, runner: Callable[..., Any]) -> tupl
     The compute-node lock (:mod:`recovery.lock`) is the last line; this answers before a job
     is even queued.
     """
-    from recovery import lock
-    from recovery.events import read_events
-
     problems, warnings = [], []
     paths = job.paths_at(run_dir)
-    from recovery.stop import request_problem
 
     if (bad_stop := request_problem(paths.stop_request)) is not None:  # before the lock or any write
         problems.append(Problem("run.name", "the run's stop file is not a stop record", bad_stop,
@@ -301,7 +307,6 @@ def _main(cfg: DictConfig, *, runner: Runner, out: TextIO, err: TextIO, sweep: O
         try:
             job, table = planner.choose_layout(job)
         except ValueError as exc:  # NoLayoutFits: its message carries the ranked table
-            from launch.planner.advice import fit_advice
 
             print(f"refused: no layout fits; nothing was submitted\n{exc}\n{fit_advice(job)}", file=err)
             return 0 if sweep else EXIT_REFUSED
@@ -325,12 +330,9 @@ def _main(cfg: DictConfig, *, runner: Runner, out: TextIO, err: TextIO, sweep: O
         problems += ledger.sweep_budget_problems(job, [r["gpu_hours"] for r in sweep.outcomes or []
                                                        if r.get("gpu_hours") and r["status"] not in ("refused", "failed")])
     if not job.force:  # a failed `launch/preflight.py` of this run blocks the real submission
-        from launch.preflight_checks import preflight_problems
 
         problems += preflight_problems(run_dir)
     if not job.dry_run and job.cluster.launcher != "local" and not problems:
-        from launch.submit import SubmitLock
-
         submit_lock, busy = SubmitLock.take(run_dir)  # before the squeue check: one submitter per run
         if submit_lock is not None:
             held.callback(submit_lock.release)
@@ -365,18 +367,12 @@ def _main(cfg: DictConfig, *, runner: Runner, out: TextIO, err: TextIO, sweep: O
         _print_notes(job, err)
         _outcome(job, sweep, fit_status(job, "ok (dry run)"), _estimate_note(job))
         return _dry_run(job, run_dir, text, out, None if sweep else err)
-    from launch.submit import RunDirSnapshot, SubmitError, submit
-    from recovery.identity import ensure_run_id
-
-    from recovery import lock
 
     before = RunDirSnapshot.take(run_dir)
     run_lock = None
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         if job.cluster.launcher == "local":  # the launcher holds the run before it writes a byte into it
-            from launch import local  # spawns the ranks (which import torch); this process does not
-
             run_lock = local.take_run_lock(run_dir, job_active=lambda j: lock.slurm_job_active(j, runner), echo=err)
         job.paths_at(run_dir).config.write_text(text)
         write_memory_plan(job, run_dir)
@@ -417,8 +413,6 @@ def _main(cfg: DictConfig, *, runner: Runner, out: TextIO, err: TextIO, sweep: O
     ids = ", ".join(s.job_id or "?" for s in subs)
     print(f"submitted job {ids}  run {job.run.name}  dir {run_dir}", file=out)
     if sweep is None:
-        from launch.summary import summary
-
         print(summary(job, run_dir, job_ids=[s.job_id for s in subs if s.job_id]), file=out)
     if sweep is not None:
         _outcome(job, sweep, fit_status(job, "submitted"), _estimate_note(job), subs[0].job_id or "")
@@ -429,9 +423,6 @@ def _main(cfg: DictConfig, *, runner: Runner, out: TextIO, err: TextIO, sweep: O
 def write_memory_plan(job: Job, run_dir: Path) -> None:
     """``<run_dir>/memory_plan.json``: the planner's memory estimate of this layout, beside which the ranks log (and
     TensorBoard and the report plot) the measured memory, and which an out-of-memory stop quotes with its fixes."""
-    from launch.planner.memory import memory_plan
-    from recovery.storage import atomic_write_json
-
     try:
         plan = memory_plan(job)
     except (ArithmeticError, ValueError, KeyError):  # a shape the planner cannot size: the ranks say "no estimate"
@@ -480,13 +471,10 @@ def _dry_run(job: Job, run_dir: Path, config_yaml: str, out: TextIO, err: Option
     if job.cluster.launcher == "local":
         print(f"# local launcher: {job.world_size} processes on this machine, run dir {run_dir}", file=out)
     else:
-        from launch.render import render
-
         print(render(job, run_dir), end="", file=out)
     print(f"# ---- composed config ({job.paths_at(run_dir).config}); dry run: nothing written or submitted ----", file=out)
     print(_commented(config_yaml), file=out)
     if err is not None:  # the summary goes to stderr: stdout stays a script that `bash -n` accepts
-        from launch.summary import summary
 
         out.flush()
         print(f"dry run of {job.run.name}:\n{summary(job, run_dir)}", file=err)

@@ -17,12 +17,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from analysis import spend
+from analysis import figures, spend
+from analysis.load import load_paths
+from analysis.mfu import shape_from_config
+from analysis.parse_slurm import parse_sacct_text
+from analysis.report import analyze_run, validation_table
+from analysis.slice_end import attempt_events, continue_hint, timeout_line, unanswered_timeout
 from launch.compose import load_job
 from launch.config import Job
+from launch.cost import cost, gpu_hours
 from launch.kinds import EventKind
 from launch.paths import RunPaths
+from launch.planner.estimate import estimate, layout_name, train_iterations
+from launch.submit import read_submissions
+from recovery.commit import STAGING_SUFFIX, parse_dir_name
+from recovery.events import read_events_counted, torn_warning
 from recovery.injob import standing
+from recovery.lock import active_holder
+from recovery.resume import find_latest_verified
 from recovery.slurm import Runner, Slurm, default_runner
 TERMINAL = ("completed", "failed", "cancelled", "timeout", "stopped")
 _SLURM_STATE = {"PENDING": "pending", "CONFIGURING": "running", "RUNNING": "running", "COMPLETING": "running",
@@ -137,8 +149,6 @@ def sacct_dump(job_ids: list, runner: Runner) -> Optional[str]:
 
 
 def _local_state(paths: RunPaths, events: list[dict], *, alive: Optional[Callable] = None) -> tuple[str, str]:
-    from recovery.lock import active_holder
-
     kwargs = {"alive": alive} if alive is not None else {}
     held = active_holder(paths.lock, host=socket.gethostname(), job_active=lambda _j: None, **kwargs)
     if held is not None:
@@ -201,8 +211,6 @@ def _newest_log(paths: RunPaths) -> Optional[Path]:
 
 
 def _checkpoint(state: RunState, paths: RunPaths, now: float) -> None:
-    from recovery.resume import find_latest_verified
-
     if not paths.checkpoints.exists():
         return
     try:
@@ -216,7 +224,6 @@ def _checkpoint(state: RunState, paths: RunPaths, now: float) -> None:
             state.checkpoint_age_s = max(0.0, now - found.path.stat().st_mtime)
         except OSError:
             pass
-    from recovery.commit import STAGING_SUFFIX
 
     for path, reason in found.skipped:
         newer = found.step is None or (_dir_step(Path(path)) or 0) > found.step
@@ -227,8 +234,6 @@ def _checkpoint(state: RunState, paths: RunPaths, now: float) -> None:
 
 
 def _dir_step(path: Path) -> Optional[int]:
-    from recovery.commit import parse_dir_name
-
     parsed = parse_dir_name(path.name)
     return parsed[0] if parsed else None
 
@@ -240,11 +245,6 @@ def _analysis(state: RunState, run_dir: Path, sacct_text: Optional[str], window:
 
     Live ``sacct`` (``sacct_text``) first: a ``sacct.txt`` saved in the run directory (for the report) is a
     snapshot of the past, used only when live sacct is unavailable (``live_expected``), and then said so."""
-    from analysis.load import load_paths
-    from analysis.mfu import shape_from_config
-    from analysis.parse_slurm import parse_sacct_text
-    from analysis.report import analyze_run, validation_table
-
     (run,) = load_paths([run_dir])
     if sacct_text:
         run.sacct = parse_sacct_text(sacct_text)[0]
@@ -272,7 +272,6 @@ def _analysis(state: RunState, run_dir: Path, sacct_text: Optional[str], window:
         state.step = max(state.step or 0, int(m["iteration"].max()))
         secs = (recent["elapsed_ms"] / 1000.0).median()
         state.step_time_s = float(secs) if secs == secs else state.step_time_s
-        from analysis import figures
 
         state.tokens_per_s = figures.tokens_per_s(res["metrics"])  # the report's figure: steady steps, whole run
         for attr, col in (("mfu_now", "mfu"), ("loss", "lm_loss")):
@@ -310,7 +309,6 @@ def _explain_end(state: RunState, events: list[dict], job: Job) -> None:
             return
     if state.state not in ("completed", "cancelled", "timeout") or not state.job_id:
         return
-    from analysis.slice_end import attempt_events, continue_hint, timeout_line, unanswered_timeout
 
     mine = [e for e in events if str(e.get("job_id")) == state.job_id] or events  # (a job that wrote nothing)
     last_exit = next((e for e in reversed(mine) if e.get("event") == EventKind.EXIT), None)
@@ -348,8 +346,6 @@ def _slices_left(state: RunState, job: Job, events: list[dict], now: float) -> N
 def _sacct_gpu_hours(state: RunState, sacct) -> None:
     """GPU-hours of the run's allocations as Slurm accounts them (one row per attempt with ``sacct -D``;
     a running attempt's Elapsed grows). Without a GPU count in AllocTRES every rank counts as one."""
-    from launch.cost import gpu_hours
-
     if sacct is None or sacct.empty or "is_alloc" not in sacct or "elapsed_s" not in sacct:
         return
     alloc = sacct[sacct["is_alloc"].astype(bool)]
@@ -404,7 +400,6 @@ def _finite(value: object) -> Optional[float]:
 
 def _from_events(state: RunState, events: list[dict]) -> None:
     # one job_start (rank 0) per attempt; a fresh local launch starts again at restart_count 0 with no job id
-    from analysis import figures
 
     state.attempts = figures.attempt_count(events)
     state.layout = figures.run_layout(events, state.layout)
@@ -426,8 +421,6 @@ def _from_events(state: RunState, events: list[dict]) -> None:
 
 
 def _estimate(state: RunState, job: Job) -> None:
-    from launch.planner.estimate import estimate, layout_name, train_iterations
-
     state.layout = f"{layout_name(job.parallelism)}-dp{job.dp}"
     state.target = train_iterations(job)
     if job.cluster.gpu == "cpu":
@@ -442,9 +435,6 @@ def _estimate(state: RunState, job: Job) -> None:
 def gather(run_dir: str | Path, *, runner: Runner = default_runner, clock: Callable[[], float] = time.time,
            log_lines: int = 5, alive: Optional[Callable] = None) -> RunState:
     """The status of the run in ``run_dir`` (which must hold a ``config.yaml``)."""
-    from launch.submit import read_submissions
-    from recovery.events import read_events_counted, torn_warning
-
     run_dir = Path(run_dir).absolute()
     config = RunPaths.of(run_dir).config
     try:
@@ -495,7 +485,6 @@ def gather(run_dir: str | Path, *, runner: Runner = default_runner, clock: Calla
         _slices_left(state, job, events, clock())
     if state.gpu_hours is None:
         _event_gpu_hours(state, events, clock())
-    from launch.cost import cost
 
     state.gpu_hour_price = c.gpu_hour_price
     state.cost = cost(state.gpu_hours, c.gpu_hour_price)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from launch.kinds import EventKind
+from recovery.events import read_events
 
 ASSUMED_STARTUP_S = 120.0  # no measurement yet: a conservative start-up for a small job on a busy node
 FEW_STEPS = 3
@@ -44,8 +45,6 @@ def slice_warning(time_limit_min: float, lead_s: float, events_path: Optional[Pa
     """One WARNING line when ``time_limit_min`` leaves less than start-up + a few steps + the lead, else None."""
     events: list[dict] = []
     if events_path is not None:
-        from recovery.events import read_events
-
         try:
             events = read_events(events_path)
         except OSError:

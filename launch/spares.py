@@ -68,7 +68,7 @@ def summary_text(job: Job, est: Any = None) -> Optional[str]:
 
 def saving_h(job: Job, est: Any, *, trials: int = 200) -> Optional[float]:
     """Expected wall hours in-job restart saves over the requeue path for this job (None: no estimate)."""
-    from launch.planner.simulate import Recovery, Scenario, simulate_recovery
+    from launch.planner.simulate import Recovery, Scenario, simulate_recovery  # numpy: kept off the dry run
 
     c = job.cluster
     wall_h = getattr(est, "wall_time_h_total", None)

@@ -24,11 +24,13 @@ if __package__ in (None, ""):  # python launch/status.py: make the repository im
         p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
 from analysis.spend import fmt  # noqa: E402
+from launch.cli import override_error_line
+from launch.compose import compose_job  # noqa: E402
 from launch.cost import cost_text, unit  # noqa: E402
 from launch.paths import (  # noqa: E402
     RunDirError, RunPaths, given_run_dir, resolved, run_dir_for, run_name_issue, run_root_problem)
-from recovery.slurm import default_runner  # noqa: E402
 from launch.run_state import RunState, UnreadableRun, gather  # noqa: E402
+from recovery.slurm import default_runner  # noqa: E402
 
 EXIT_NO_RUN = 2
 EXIT_UNREADABLE = 3  # the run's own files (config.yaml, the sweep registry) cannot be read
@@ -207,12 +209,10 @@ def resolve(args: list[str]) -> tuple[str, Path]:
         if issue:  # the same rule as a run name: a sweep id names one file under <run_root>/sweeps/
             raise RunDirError(f"sweep id: {issue[0].replace('run.name', 'the name', 1)}; fix: give the id "
                               "launch/pretrain.py -m printed, or a run directory")
-    from launch.compose import compose_job
 
     try:
         job = compose_job(overrides)
     except Exception as exc:  # Hydra/OmegaConf: a bad override (one line, a "did you mean" for a typo)
-        from launch.cli import override_error_line
 
         raise ValueError(override_error_line(exc, overrides).removeprefix("refused: ")) from None
     if names:

@@ -23,7 +23,12 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence, TextIO
 
+from launch.cli import override_error_line
+from launch.compose import compose_job
 from launch.kinds import EventKind
+from launch.paths import RunPaths, given_run_dir, run_dir_for
+from recovery import stop as stopping
+from recovery.events import read_events
 
 if __package__ in (None, ""):  # run as a script: make the repository importable, not launch/ itself
     _ROOT = str(Path(__file__).resolve().parent.parent)
@@ -83,21 +88,14 @@ def completed_at(last: Optional[dict], submissions: list[dict]) -> Optional[obje
 
 def resolve_run_dir(run_dir: Optional[Path], overrides: list[str]) -> Path:
     """The run directory, resolved; raises ValueError (one line) for a name or path the run-directory rule refuses."""
-    from launch.paths import given_run_dir, run_dir_for
-
     if run_dir is not None:
         return given_run_dir(str(run_dir))
-    from launch.compose import compose_job
 
     job = compose_job(overrides)
     return run_dir_for(job.cluster.run_root, job.run.name, job.run.dir)
 
 
 def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None, err: Optional[TextIO] = None) -> int:
-    from launch.paths import RunPaths
-    from recovery import stop as stopping
-    from recovery.events import read_events
-
     out, err = out or sys.stdout, err or sys.stderr
     args = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in args):
@@ -107,7 +105,6 @@ def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None, err
         run_dir, overrides, at_step = parse_args(args)
         run_dir = resolve_run_dir(run_dir, overrides)
     except Exception as e:  # a bad override fails in Hydra's composition: one line, no traceback
-        from launch.cli import override_error_line
 
         print(override_error_line(e, args), file=err)
         return EXIT_BAD_INPUT

@@ -23,6 +23,7 @@ from launch.config import Job
 from launch.paths import RunPaths
 from launch.problems import Problem
 from launch.render import render
+from recovery import lock
 from recovery.events import read_events
 from recovery.slurm import Reply, Runner, Slurm, default_runner
 _JOB_ID = re.compile(r"^(\d+)(?:_\d+)?(?:;\S+)?$")
@@ -195,8 +196,6 @@ class SubmitLock:
 
     @classmethod
     def take(cls, run_dir: str | Path) -> tuple[Optional["SubmitLock"], Optional[Problem]]:
-        from recovery import lock
-
         paths = RunPaths.of(run_dir)
         created, probe = [], Path(run_dir).absolute()
         while not probe.exists() and probe != probe.parent:

@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from launch import blend, spares
+from launch.check import mock_data_at_scale
 from launch.config import Job
 from launch.cost import cost_text
+from launch.planner.estimate import estimate, layout_name, train_iterations
 
 
 def _hours(h: Optional[float]) -> str:
@@ -36,8 +38,6 @@ def _count(x: Optional[float]) -> str:
 
 def _estimate(job: Job) -> Any:
     try:
-        from launch.planner.estimate import estimate
-
         return estimate(job)
     except Exception:  # informative only: an estimate that cannot be made leaves '?' in the table
         return None
@@ -49,8 +49,6 @@ _FIT = {"fits": "fits", "inside the error band": "MAY NOT FIT: over, inside the 
 
 def summary(job: Job, run_dir: Path, *, job_ids: Sequence[str] = (), est: Any = None) -> str:
     """The table; ``job_ids`` empty means a dry run (nothing was submitted)."""
-    from launch.planner.estimate import layout_name, train_iterations
-
     est = est if est is not None else _estimate(job)
     c, t = job.cluster, job.training
     device = "processes" if c.gpu == "cpu" else f"GPUs ({c.nodes} x {c.gpus_per_node} {c.gpu})"
@@ -112,8 +110,6 @@ def _data_text(job: Job) -> str:
     """``indexed 0.3 web + 0.7 code (split 99,1,0), tokenizer byte``; the blend as the ranks resolve it."""
     d = job.data
     if d.kind != "indexed":
-        from launch.check import mock_data_at_scale
-
         loud = f"WARNING: {job.cluster.nodes} nodes on synthetic tokens, a benchmark; " if mock_data_at_scale(job) else ""
         return f"mock: synthetic tokens ({loud}set data=indexed data.path=<prefix> for real text)"
     try:

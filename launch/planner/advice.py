@@ -12,14 +12,13 @@ from __future__ import annotations
 import dataclasses
 
 from launch.config import Job
+from launch.planner.layouts import rank_layouts
 
 FACTORS = (2, 4, 8, 16, 32, 64)  # node multiples tried (each is one closed-form ranking, well under a second)
 
 
 def fit_advice(job: Job, factors: tuple[int, ...] = FACTORS) -> str:
     """One line: the fix for a job on which no layout fits in the GPU's memory."""
-    from launch.planner.layouts import rank_layouts
-
     c = job.cluster
     limit = c.gpu_memory_gb
     best_mem = None
@@ -49,8 +48,6 @@ def fit_advice(job: Job, factors: tuple[int, ...] = FACTORS) -> str:
 def layout_advice(job: Job) -> str:
     """One line for a fixed layout over the GPU's memory: the layout ``parallelism=auto`` would pick on
     these nodes (so that advice is known to help), or, when none fits, :func:`fit_advice`."""
-    from launch.planner.layouts import rank_layouts
-
     try:
         rows, _ = rank_layouts(job)
     except (ArithmeticError, ValueError, KeyError):

@@ -23,7 +23,9 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from analysis.parse_megatron import parse_iterations_file
 from launch.paths import RunPaths
+from launch.planner.accuracy import STEP_TIME_MEDIAN, STEP_TIME_WORST
 
 WARMUP_ITERS = 2  # the first iterations include compilation, allocator growth and NCCL setup
 
@@ -56,8 +58,6 @@ def log_files(run_dir: str | Path, job_id: Optional[str]) -> list[Path]:
 def measure(files: Sequence[Path]) -> dict[str, Optional[float]]:
     """Median step time (s), printed MFU (fraction) and iteration count from the logs' iteration lines."""
     import pandas as pd
-
-    from analysis.parse_megatron import parse_iterations_file
 
     frames = [parse_iterations_file(f)[0] for f in files]
     frames = [f for f in frames if len(f)]
@@ -125,8 +125,6 @@ def calibration_line(df: "Any") -> str:
     """One line against the planner's stated error: the median and worst estimated / measured step
     time over the measured members, and whether the site's ``cluster.*`` constants need refitting
     (see ``launch/planner/steptime.py``, "Calibration")."""
-    from launch.planner.accuracy import STEP_TIME_MEDIAN, STEP_TIME_WORST
-
     ratios = [r for r in df["est_over_meas"].dropna()] if "est_over_meas" in df else []
     if not ratios:
         return ""

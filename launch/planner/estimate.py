@@ -19,6 +19,7 @@ from launch.planner.accuracy import MEMORY_OVER
 from launch.planner.memory import stage_memory
 from launch.planner.shapes import Shape, shape_of
 from launch.planner.steptime import precision_dtype, step_time
+from recovery.interval import resolve_interval
 
 
 @dataclass
@@ -107,8 +108,6 @@ def checkpoint_interval_and_why(job: Job, step_s: Optional[float], save_s: float
         return (ci if ci > 0 else None), f"configured: every {ci} step(s)"
     if step_s is None or step_s <= 0:
         return None, ""
-    from recovery.interval import resolve_interval  # pure; no torch
-
     try:
         return resolve_interval(ci, save_s=max(save_s, 1e-6), step_s=step_s,
                                 node_mtbf_hours=job.cluster.node_mtbf_hours, nodes=max(1, job.cluster.nodes),

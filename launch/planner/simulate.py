@@ -28,6 +28,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from launch.compose import compose_job
+from launch.planner.estimate import estimate
+from launch.planner.layouts import choose_layout
 from recovery.interval import daly_interval_s, young_interval_s
 
 
@@ -265,10 +268,6 @@ def format_outcomes(s: Scenario, outcomes: Sequence[Outcome]) -> str:
 
 def scenario_from_job(overrides: Sequence[str], restart_min: float) -> tuple[Scenario, Optional[float]]:
     """Compose the job, estimate it, and build its scenario and configured interval (hours)."""
-    from launch.compose import compose_job
-    from launch.planner.estimate import estimate
-    from launch.planner.layouts import choose_layout
-
     job = compose_job(list(overrides))
     if job.parallelism.name == "auto":
         job, _ = choose_layout(job)
