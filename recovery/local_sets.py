@@ -347,3 +347,15 @@ def prune_names(names: Iterable[str], *, keep: int, committed: int) -> List[str]
     sets.sort(reverse=True)
     old = [local_set_name(s) for s in sets[max(1, keep):]]
     return sorted(junk) + old
+
+
+def abandoned_names(names: Iterable[str], *, after: int) -> List[str]:
+    """The committed local sets newer than step ``after`` among a node directory's ``names``: a timeline the run
+    left (a NaN or replay rollback, a start over, a resume from an older source). A crash before the next local
+    save must not resume from one of them, so they are renamed to the prune's garbage name at once."""
+    out = []
+    for name in names:
+        parsed = parse_local_set_name(name)
+        if parsed is not None and not parsed[1] and parsed[0] > int(after):
+            out.append(name)
+    return sorted(out)

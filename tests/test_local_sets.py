@@ -220,3 +220,16 @@ def test_cluster_local_groups_its_ranks_into_simulated_nodes():
     assert node_name({LOCAL_NODE_ENV: "node1", "SLURMD_NODENAME": "gpu7"}) == "node1"
     assert node_name({"SLURMD_NODENAME": "gpu7"}) == "gpu7"
     assert node_name({}, hostname=lambda: "login1") == "login1"
+
+
+def test_a_left_timeline_s_newer_sets_are_abandoned_at_once_and_older_ones_kept():
+    names = [local_set_name(s) for s in (4, 6, 8)] + [local_set_name(10) + ".tmp", local_set_name(12) + ".del",
+                                                     "notes.txt"]
+    # a rollback to step 4: the sets of steps 6 and 8 (committed, newer) are left; staging/garbage are the prune's
+    assert local_sets.abandoned_names(names, after=4) == [local_set_name(6), local_set_name(8)]
+    assert local_sets.abandoned_names(names, after=8) == []
+    # a start over (step 0): every committed set
+    assert local_sets.abandoned_names(names, after=0) == [local_set_name(s) for s in (4, 6, 8)]
+    # a renamed set is garbage: never a candidate again, and the next commit's prune removes it
+    assert parse_local_set_name(local_set_name(6) + ".del") == (6, ".del")
+    assert local_set_name(6) + ".del" in local_sets.prune_names([local_set_name(6) + ".del"], keep=1, committed=5)

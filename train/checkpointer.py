@@ -244,6 +244,8 @@ class Checkpointer(AsyncSaves):
                 f"{t.nan_guard.skip_batches} batch(es) from sample {bad_from} will be skipped")
         ctx.emit(EventKind.NAN_ROLLBACK, step=state.step + 1, to_step=back.step, checkpoint=str(path),
                  skip_first_sample=bad_from, skip_batches=t.nan_guard.skip_batches)
+        if self.local is not None:
+            self.local.abandon_after(back.step, f"a NaN rollback to step {back.step} left the steps after it")
         ctx.beat("train", back.step)
         return back
 
@@ -283,6 +285,8 @@ class Checkpointer(AsyncSaves):
                 f"mismatch; replaying from there")
         ctx.emit(EventKind.REPLAY_ROLLBACK, step=state.step, to_step=back.step, checkpoint=str(path),
                  from_step=bad_step)
+        if self.local is not None:
+            self.local.abandon_after(back.step, f"a replay rollback to step {back.step} left the steps after it")
         ctx.beat("train", back.step)
         return back
 

@@ -40,7 +40,7 @@ from safetensors.torch import save as st_save
 
 from launch.dist_env import node_name
 from launch.kinds import EventKind
-from launch.paths import LOCAL_MANIFEST, LocalPaths, local_set_name
+from launch.paths import DELETE_SUFFIX, LOCAL_MANIFEST, LocalPaths, local_set_name
 from recovery import local_sets
 from recovery.events import read_events
 from recovery.storage import HASH_NAME
@@ -348,6 +348,26 @@ class LocalTier:
         for name in local_sets.prune_names(st.list_dir(node_dir), keep=self.cfg.keep, committed=step):
             st.remove_tree(node_dir / name)
 
+    def abandon_after(self, step: int, why: str) -> None:
+        """Every rank (collective): the local sets newer than ``step`` belong to a timeline the run just left
+        (``why``); each node's first rank renames them to the prune's garbage name (removed at the next commit),
+        so a crash before the next local save resumes from the newest source of *this* timeline; rank 0 says so
+        (a WARNING and a ``local_checkpoint_skipped`` event per set)."""
+        st, gone = self.ctx.storage, []
+        node_dir = self.paths.node_dir(self.node)
+        if self.leader and st.is_dir(node_dir):
+            for name in local_sets.abandoned_names(st.list_dir(node_dir), after=step):
+                st.rename(node_dir / name, node_dir / (name + DELETE_SUFFIX))
+                gone.append([str(node_dir / name), local_sets.parse_local_set_name(name)[0], self.node])
+            if gone:
+                st.fsync_dir(node_dir)
+        self.saved = {s for s in self.saved if s <= step}
+        got = gather(gone)
+        for path, at, node in (p for ps in (got or []) for p in ps):
+            self.ctx.log(f"WARNING: skipping the local set of step {at} on node {node} from now on: {why}")
+            self.ctx.emit(EventKind.LOCAL_CHECKPOINT_SKIPPED, step=at, path=path, node=node,
+                          reason="abandoned_timeline", detail=why)
+
     # ---- restore --------------------------------------------------------------------------------------------
 
     def restore(self, choice: Any) -> dict:
@@ -442,6 +462,8 @@ def load_start(ctx: Any, ckpt: Any, start: Any, tier: Optional[LocalTier]) -> An
         state = ckpt.load(start.resume)
         tier_name = "global" if start.resume.path else "none"
         source = str(start.resume.path) if start.resume.path else None
+    if tier is not None:  # a start over or a resume from an older source leaves the sets newer than it
+        tier.abandon_after(state.step, f"this attempt resumed from the {tier_name} tier at step {state.step}")
     if ctx.is_first and (state.step > 0 or last is not None):
         ctx.emit(EventKind.RESUMED_FROM, tier=tier_name, step=state.step, source=source, global_step=global_step,
                  lost_steps=max(0, last - state.step) if last is not None else 0)
