@@ -72,8 +72,17 @@ CHECKPOINT_DIGITS = 7
 STAGING_SUFFIX = ".tmp"  # being written by the ranks
 ASIDE_SUFFIX = ".old"  # set aside by a commit of the same step
 DELETE_SUFFIX = ".del"  # being deleted by the prune: garbage, never a candidate
-_CHECKPOINT_NAME = re.compile(rf"^{CHECKPOINT_PREFIX}(\d{{{CHECKPOINT_DIGITS},}})"
-                              rf"({'|'.join(re.escape(x) for x in (STAGING_SUFFIX, ASIDE_SUFFIX, DELETE_SUFFIX))})?$")
+def _step_name(prefix: str, suffixes: tuple[str, ...]) -> re.Pattern:
+    """``<prefix><step, CHECKPOINT_DIGITS or more digits>[one of suffixes]``: a step directory's name."""
+    return re.compile(rf"^{prefix}(\d{{{CHECKPOINT_DIGITS},}})({'|'.join(re.escape(x) for x in suffixes)})?$")
+
+
+def _parse_step_name(pattern: re.Pattern, name: str) -> Optional[tuple[int, str]]:
+    m = pattern.match(name)
+    return (int(m.group(1)), m.group(2) or "") if m else None
+
+
+_CHECKPOINT_NAME = _step_name(CHECKPOINT_PREFIX, (STAGING_SUFFIX, ASIDE_SUFFIX, DELETE_SUFFIX))
 
 
 def checkpoint_name(step: int) -> str:
@@ -83,8 +92,7 @@ def checkpoint_name(step: int) -> str:
 
 def parse_checkpoint_name(name: str) -> Optional[tuple[int, str]]:
     """``iter_0000010`` -> (10, ''), ``iter_0000010.tmp`` -> (10, '.tmp'); None for any other name."""
-    m = _CHECKPOINT_NAME.match(name)
-    return (int(m.group(1)), m.group(2) or "") if m else None
+    return _parse_step_name(_CHECKPOINT_NAME, name)
 
 
 NAME_MAX = 255  # bytes in one path component on Linux filesystems (ext4, xfs, Lustre, NFS)
@@ -348,8 +356,7 @@ class RunPaths:
 LOCAL_SET_PREFIX = "local_"
 MANIFEST = "manifest.json"  # in every committed checkpoint (recovery/commit.py) and local set
 LOCAL_MANIFEST = MANIFEST
-_LOCAL_SET_NAME = re.compile(rf"^{LOCAL_SET_PREFIX}(\d{{{CHECKPOINT_DIGITS},}})"
-                             rf"({re.escape(STAGING_SUFFIX)}|{re.escape(DELETE_SUFFIX)})?$")
+_LOCAL_SET_NAME = _step_name(LOCAL_SET_PREFIX, (STAGING_SUFFIX, DELETE_SUFFIX))
 
 
 def local_set_name(step: int) -> str:
@@ -359,8 +366,7 @@ def local_set_name(step: int) -> str:
 
 def parse_local_set_name(name: str) -> Optional[tuple[int, str]]:
     """``local_0000012`` -> (12, ''), ``local_0000012.tmp`` -> (12, '.tmp'); None for any other name."""
-    m = _LOCAL_SET_NAME.match(name)
-    return (int(m.group(1)), m.group(2) or "") if m else None
+    return _parse_step_name(_LOCAL_SET_NAME, name)
 
 
 @dataclass(frozen=True)
