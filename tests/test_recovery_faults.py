@@ -1,8 +1,9 @@
 """Injected faults on real Megatron-Core training (CPU, gloo, 2 ranks): resume is exact.
 
 Each layout (TP2, PP2, DP2 with and without the distributed optimizer) runs once without
-interruption and once with five injected faults, one attempt after another (the harness,
-:mod:`tests.faults`, relaunches like Slurm's requeue; the worker decides everything else):
+interruption and once with injected faults, one attempt after another (the harness,
+:mod:`tests.faults`, relaunches like Slurm's requeue; the worker decides everything else).
+TP2 and PP2 (the layouts that split tensors and stages) get all five faults:
 
 1. SIGUSR2 (the time-limit warning) to every rank at a random (seeded) step;
 2. one flipped byte in the newest checkpoint before the restart, then SIGTERM to rank 1 only
@@ -11,11 +12,17 @@ interruption and once with five injected faults, one attempt after another (the 
 4. SIGKILL of rank 0 *during* a save (``SLURMTRON_TEST_SAVE_SLEEP_S`` holds rank 0 after the
    shards are written, before the commit), leaving a torn staging directory.
 
+The two DP2 layouts get faults 1 and 3 (a stop checkpoint, then a kill): each fault kind
+costs a relaunch, and the DP2 layouts' sharded state (the distributed optimizer's, or the
+replicated one's) is what a resume reads, whatever ended the attempt before. The same faults
+during an asynchronous write, on DP2 with the distributed optimizer, are
+``test_async_save_faults.py``.
+
 Then it runs to completion. Asserted: every fault resumes; the corrupt and the torn
 checkpoints are never loaded (the previous one is, with a ``resume_fallback`` event); every
 resume starts exactly at the newest committed (and intact) checkpoint, so no step is lost
 beyond it; every logged loss (including recomputed steps) and the final model and
-optimizer tensors are bitwise equal to the uninterrupted run's. 4 layouts x 5 = 20 faults.
+optimizer tensors are bitwise equal to the uninterrupted run's. 2 x 5 + 2 x 2 = 14 faults.
 
 Also: a TP2 checkpoint resumed under PP2 and under DP2 with the distributed optimizer
 reproduces the TP2 run's losses (the shared-Adam-``step`` bug of the distributed optimizer
@@ -102,10 +109,13 @@ def reference(tmp_path_factory):
     return get
 
 
+ALL_FAULTS = ("tp2", "pp2")  # the other layouts: faults 1 and 3 (the module's docstring says why)
+
+
 def fault_plan(layout: str) -> list[list[Fault]]:
     rng = random.Random(f"faults-{layout}")  # seeded: a failure reproduces
     n = lambda: rng.randint(1, 3)  # noqa: E731
-    return [
+    plan = [
         # late enough that an interval checkpoint precedes the stop checkpoint, so the
         # corruption below has an intact previous checkpoint to fall back to
         [Fault("signal_all", rng.randint(INTERVAL + 1, 2 * INTERVAL), signal.SIGUSR2, env=STEP_SLEEP)],
@@ -113,6 +123,7 @@ def fault_plan(layout: str) -> list[list[Fault]]:
         [Fault("kill_rank", n(), rank=rng.randint(0, WORLD - 1), env=STEP_SLEEP)],
         [Fault("kill_in_save", n(), env={**STEP_SLEEP, **SAVE_SLEEP})],
     ]
+    return plan if layout in ALL_FAULTS else [plan[0], plan[2]]
 
 
 def by_restart(events: list[dict]) -> dict[int, list[dict]]:
@@ -135,10 +146,14 @@ def test_faults_resume_bitwise_equal(layout, reference, tmp_path):
     # every planned fault fired, and the run then completed
     fired = [f.kind for a in atts for f, _t, _d in a.fired]
     assert fired == [f.kind for step in plan for f in step], (fired, logs())
-    assert len(fired) == 5
-    assert [a.codes for a in atts[:2]] == [[42, 42], [42, 42]], logs()
-    assert any(c == -signal.SIGKILL for c in atts[2].codes), atts[2].codes
-    assert atts[3].codes[0] == -signal.SIGKILL, atts[3].codes
+    assert len(fired) == (5 if layout in ALL_FAULTS else 2)
+    stops = [a for a in atts if any(f.kind in ("signal_all", "signal_rank") for f in a.faults)]
+    kills = [a for a in atts if any(f.kind == "kill_rank" for f in a.faults)]
+    assert [a.codes for a in stops] == [[42, 42]] * len(stops) and stops, logs()
+    assert len(kills) == 1 and any(c == -signal.SIGKILL for c in kills[0].codes), kills[0].codes
+    for a in atts:
+        if any(f.kind == "kill_in_save" for f in a.faults):
+            assert a.codes[0] == -signal.SIGKILL, a.codes
     assert atts[-1].codes == [0, 0] and len(atts) == len(plan) + 1, ([a.codes for a in atts], logs())
 
     ev = by_restart(read_events(run_dir / "events.jsonl"))
@@ -184,7 +199,8 @@ def test_faults_resume_bitwise_equal(layout, reference, tmp_path):
     # replay parity said so: the resume after the corrupted checkpoint (at least) replayed logged steps, bitwise
     events = read_events(run_dir / "events.jsonl")
     matches = [e for e in events if e["event"] == "replay_match"]
-    assert matches and all(e["mode"] == "bitwise" and e["max_rel"] == 0.0 for e in matches), matches
+    assert matches or layout not in ALL_FAULTS, logs()  # a kill after a logged step may replay none
+    assert all(e["mode"] == "bitwise" and e["max_rel"] == 0.0 for e in matches), matches
     assert not [e for e in events if e["event"] == "replay_mismatch"], logs()
     # bitwise: every logged loss, including steps recomputed after a rollback
     runs = losses_by_attempt(run_dir)
