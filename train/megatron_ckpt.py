@@ -47,7 +47,7 @@ DIST_OPT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 
 class UnsafeCheckpoint(RuntimeError):
     """A checkpoint about to be loaded holds a pickle that needs more than checkpoint data types
-    (:mod:`recovery.pickle_guard`): a final stop (``stop`` as in :class:`train.checkpointer.SaveFailed`)."""
+    (:mod:`recovery.pickle_guard`): a final stop (``stop`` as in :class:`recovery.savefail.SaveFailed`)."""
 
     def __init__(self, path: Path, why: str) -> None:
         from recovery.policy import EXIT_UNSAFE_CKPT

@@ -346,7 +346,7 @@ def _train(ctx: RankContext) -> int:
     ctx.phase(f"{ctx.world} rank(s) joined ({'cuda' if ctx.cuda else 'cpu'}, layout {job.layout_label}-dp{job.dp}); rank 0 looks for "
               f"the newest verified checkpoint in {ctx.paths.checkpoints}")
     start = find_start(ctx)  # rank 0 searches and decides, every rank follows
-    if not start.ok and start.decision["reason"] == "run_locked":
+    if not start.ok and start.decision.reason == "run_locked":
         return _refuse_locked(ctx, start)
     from train.replay_parity import numerics_of, recipe_of
 
@@ -642,8 +642,8 @@ def _refuse_locked(ctx: RankContext, start) -> int:
     refusal is this attempt's log line and its exit code."""
     dec = start.decision
     ctx.events.enabled = False  # nothing later in this process may write into the holder's event log either
-    ctx.log(f"not starting: {dec['reason']}: {dec['detail']} (nothing written to {ctx.paths.events.name})")
-    return int(dec["code"])
+    ctx.log(f"not starting: {dec.reason}: {dec.detail} (nothing written to {ctx.paths.events.name})")
+    return int(dec.code)
 
 
 def _refuse_start(ctx: RankContext, start) -> int:
@@ -652,10 +652,10 @@ def _refuse_start(ctx: RankContext, start) -> int:
 
     announce(ctx, start)
     dec = start.decision
-    ctx.emit(EventKind.STOP, reason=dec["reason"], code=dec["code"], detail=dec["detail"])
-    ctx.emit(EventKind.EXIT, reason=dec["reason"], code=dec["code"], step=start.resume.step)
-    ctx.log(f"not starting: {dec['reason']}: {dec['detail']}")
-    return int(dec["code"])
+    ctx.emit(EventKind.STOP, reason=dec.reason, code=dec.code, detail=dec.detail)
+    ctx.emit(EventKind.EXIT, reason=dec.reason, code=dec.code, step=start.resume.step)
+    ctx.log(f"not starting: {dec.reason}: {dec.detail}")
+    return int(dec.code)
 
 
 def _judge(ctx: RankContext):
