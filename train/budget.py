@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 
 from analysis import spend
 from launch.kinds import EventKind
+from train.context import RankContext
 
 SCALE = 1e9  # hours travel through the int64 all-reduce as nano-hours
 
@@ -67,7 +68,7 @@ class BudgetGuard:
         return spend.Ledger(spent_n / SCALE, self.source, self.budget, projected_n / SCALE if projected_n else None,
                             self.unit)
 
-    def review(self, ctx: Any, step: int, spent_n: int, projected_n: int) -> Optional[spend.Ledger]:
+    def review(self, ctx: RankContext, step: int, spent_n: int, projected_n: int) -> Optional[spend.Ledger]:
         """Warn for each threshold newly passed; return the ledger when the budget is spent (stop), else None."""
         if not self.active or spent_n <= 0:
             return None
@@ -86,7 +87,7 @@ class BudgetGuard:
         return led if led.over else None
 
 
-def build(ctx: Any, iters: int, *, runner: Optional[Callable[..., Any]] = None,
+def build(ctx: RankContext, iters: int, *, runner: Optional[Callable[..., Any]] = None,
           clock: Callable[[], float] = time.time) -> Optional[BudgetGuard]:
     """The guard of this attempt (every rank; rank 0 reads the ledger), or None without a budget."""
     job = ctx.job

@@ -35,6 +35,8 @@ from analysis.spend import stop_text
 from launch.config import Job, ParallelismConfig, TrainingConfig
 from launch.kinds import EventKind
 from train import memory, nan_guard
+from train.checkpointer import Checkpointer
+from train.context import RankContext
 from train.data import SampleSource, step_batches
 
 
@@ -360,7 +362,7 @@ def format_iteration(
 class Meter:
     """Counts skipped and NaN steps and reports each logged step: an ``iteration`` event and Megatron's line."""
 
-    def __init__(self, ctx: Any, optimizer: Any, iters: int) -> None:
+    def __init__(self, ctx: RankContext, optimizer: Any, iters: int) -> None:
         self.ctx, self.optimizer, self.iters = ctx, optimizer, iters
         self.counters = Counters()
         self.flops_per_step, self.peak_flops = throughput_model(ctx)
@@ -408,7 +410,7 @@ def loss_scale(optimizer: Any) -> float:
     return float(getattr(optimizer, "get_loss_scale", lambda: torch.tensor(1.0))().item())
 
 
-def throughput_model(ctx: Any) -> tuple[Optional[float], Optional[float]]:
+def throughput_model(ctx: RankContext) -> tuple[Optional[float], Optional[float]]:
     """(FLOPs per global step, peak FLOP/s per device or None on CPU), for the log's TFLOP/s and MFU fields."""
     job = ctx.job
     try:
@@ -437,7 +439,7 @@ class LoopResult:
     steps_run: int = 0  # steps this attempt trained (replayed ones included)
 
 
-def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, state: TrainState,
+def run_loop(ctx: RankContext, parts: TrainingParts, ckpt: Checkpointer, source: SampleSource, state: TrainState,
              iters: int, valid: Optional[SampleSource] = None, judge: Any = None, live: Any = None,
              nan_hooks: Any = None, replay: Any = None, budget: Any = None) -> LoopResult:
     """Train from ``state`` to ``iters``; at every step boundary all ranks agree on a stop first.
@@ -550,7 +552,7 @@ def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, st
     return result("completed")
 
 
-def validate(ctx: Any, parts: TrainingParts, valid: SampleSource, nmb: int, step: int) -> float:
+def validate(ctx: RankContext, parts: TrainingParts, valid: SampleSource, nmb: int, step: int) -> float:
     """Evaluate, then log the Megatron block, a ``validation`` event and the TensorBoard scalars."""
     loss = evaluate(ctx.job, parts.chunks, valid, nmb, ctx.device)
     ctx.log(format_validation(step, loss))

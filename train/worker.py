@@ -60,6 +60,8 @@ from typing import Any, Mapping, Optional
 from launch.dist_env import PG_TIMEOUT_S
 from launch.kinds import EventKind
 from recovery.exit_codes import EXIT_CRASH
+from recovery.start import Start
+from train.checkpointer import Checkpointer
 from train.context import Hooks, HookedSource, RankContext, broadcast
 
 DIST_TIMEOUT_S = PG_TIMEOUT_S  # the job check compares the hang deadlines with it (launch/check_watch.py)
@@ -364,7 +366,7 @@ def _train(ctx: RankContext) -> int:
             watch.stop()
 
 
-def _note_previous_slice(ctx: RankContext, start) -> None:
+def _note_previous_slice(ctx: RankContext, start: Start) -> None:
     """Rank 0: the slice before this one ended TIMEOUT without a word is a WARNING and a ``previous_slice_timeout``
     event with the steps lost (:mod:`train.previous_slice`); this slice trains on either way."""
     if not (ctx.is_first and ctx.job_id):
@@ -398,7 +400,7 @@ def _startup_watch(ctx: RankContext) -> Any:
     return StartupWatch(ctx.flag, requeue_now).start()
 
 
-def _train_started(ctx: RankContext, start, iters: int, watch: Any = None) -> int:
+def _train_started(ctx: RankContext, start: Start, iters: int, watch: Any = None) -> int:
     """The run lock is held and the start decided: load, build, and train."""
     if ctx.hooks.startup_sleep_s > 0:  # test hook: a start-up slower than the slice allows
         time.sleep(ctx.hooks.startup_sleep_s)
@@ -498,7 +500,7 @@ def _train_started(ctx: RankContext, start, iters: int, watch: Any = None) -> in
             ctx.tracker = None
 
 
-def _finish(ctx: RankContext, ckpt, parts, result, judge=None) -> int:
+def _finish(ctx: RankContext, ckpt: Checkpointer, parts, result, judge=None) -> int:
     """After a stop: requeue or end as rank 0's judge decided; else save the final checkpoint and say the run
     completed."""
     from recovery.policy import EXIT_COMPLETED
@@ -598,7 +600,7 @@ def _refuse_data(ctx: RankContext, refused: dict) -> int:
     return code
 
 
-def _hf_weights(ctx: RankContext, start) -> Any:
+def _hf_weights(ctx: RankContext, start: Start) -> Any:
     """``training.init_from=hf:DIR`` applies to a run with no checkpoint only: a resume loads the run's own."""
     from launch.hf_config import hf_dir
 
@@ -636,7 +638,7 @@ def _refuse_mismatch(ctx: RankContext, detail: str) -> int:
     return code
 
 
-def _refuse_locked(ctx: RankContext, start) -> int:
+def _refuse_locked(ctx: RankContext, start: Start) -> int:
     """Another live attempt holds the run lock: this process is not the run's writer, so it writes nothing into
     the run (no event: the holder's event log, and the status and report read from it, stay the holder's). The
     refusal is this attempt's log line and its exit code."""
@@ -646,7 +648,7 @@ def _refuse_locked(ctx: RankContext, start) -> int:
     return int(dec.code)
 
 
-def _refuse_start(ctx: RankContext, start) -> int:
+def _refuse_start(ctx: RankContext, start: Start) -> int:
     """The requeue policy said no (zero progress, too many restarts): say why, exit with its code."""
     from train.checkpointer import announce
 
