@@ -9,9 +9,12 @@ builds the model, resumes and trains (:mod:`train.train_loop`, with a
 :class:`train.checkpointer.Checkpointer` for every save). A stop signal only sets a flag; at the next step
 boundary all ranks agree, save, commit, and exit 42 after rank 0 asked for a requeue.
 
-Exit codes (:mod:`recovery.policy`): 0 completed, 42 checkpointed on a stop signal and
-requeue requested, 3 zero-progress guard, 4 max restarts, 1 crash (or a refused checkpoint),
-11 stopped on a NaN, 16 the budget is spent (checkpointed), 17 out of GPU memory. A hang is ended by the rank's watcher (:mod:`recovery.watchdog`): SIGKILL.
+Exit codes: the one table is :data:`recovery.exit_codes.EXIT_CODES` (name, code, final or not, meaning;
+``docs/recovery.md`` shows it). From it: 0 completed, 1 crash, 3 zero-progress guard, 4 max restarts, 5 no
+loadable checkpoint, 6 foreign checkpoint, 7 storage error, 8 disk full, 9 run locked, 10 unsupported software,
+11 stopped on a NaN, 12 unsafe checkpoint, 13 shared checkpoint, 14 bad config, 15 checkpoint mismatch, 16 replay
+mismatch, 17 the budget is spent (checkpointed), 18 out of GPU memory, 42 checkpointed on a stop signal and requeue
+requested. A hang is ended by the rank's watcher (:mod:`recovery.watchdog`): SIGKILL.
 
 Test hooks, environment switches read by :class:`train.context.Hooks` (never set them in production):
 
