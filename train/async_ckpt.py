@@ -45,6 +45,7 @@ from recovery.savefail import SaveFailed
 from recovery.signals import deferred
 from train.context import RankContext, broadcast
 
+# train.megatron_ckpt (torch, Megatron-Core) is imported where it is used: importing this module stays torch-free.
 if TYPE_CHECKING:  # the owner; at run time it imports this module, not the other way round
     from train.checkpointer import Checkpointer
 

@@ -27,6 +27,8 @@ from recovery.start import Start, decide_start
 from train.async_ckpt import AsyncSaves, InFlight, save_cost
 from train.context import RankContext, broadcast, gather, model_shape
 
+# train.local_ckpt, train.megatron_ckpt and train.train_loop import torch: they are imported where they are used,
+# so importing this module (the worker does before torch) stays torch-free.
 __all__ = ["Checkpointer", "SaveFailed", "Start", "announce", "configured_interval", "find_start", "vet_resume"]
 
 

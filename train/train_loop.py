@@ -31,13 +31,16 @@ from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from analysis import flops as aflops
 from analysis.spend import stop_text
 from launch.config import Job, ParallelismConfig, TrainingConfig
 from launch.kinds import EventKind
-from train import memory, nan_guard
+from train import hf_bridge, megatron_model, memory, nan_guard
 from train.checkpointer import Checkpointer
 from train.context import RankContext
+from train.cpu_shim import patch_missing_te_symbols
 from train.data import SampleSource, step_batches
+from train.megatron_model import to_ddp_config, to_optimizer_config
 
 
 class InjectedFailure(RuntimeError):
@@ -115,8 +118,6 @@ def seed_step(seed: int, step: int) -> None:
 def wrap_ddp(chunks: List[torch.nn.Module], config: Any, parallelism: ParallelismConfig) -> List[DistributedDataParallel]:
     """Megatron DDP around each chunk (:func:`train.megatron_model.to_ddp_config`); bucketing only on
     chunk 0, and the schedule's sync hooks set as Megatron-LM's ``training.py`` sets them."""
-    from train.megatron_model import to_ddp_config
-
     ddp_config = to_ddp_config(parallelism)
     wrapped = [
         DistributedDataParallel(config=config, ddp_config=ddp_config, module=c, disable_bucketing=i > 0)
@@ -134,8 +135,6 @@ def wrap_ddp(chunks: List[torch.nn.Module], config: Any, parallelism: Parallelis
 
 def build_optimizer(training: TrainingConfig, chunks: List[Any], parallelism: ParallelismConfig) -> Any:
     """Megatron's optimizer as :func:`train.megatron_model.to_optimizer_config` configures it."""
-    from train.megatron_model import to_optimizer_config
-
     return get_megatron_optimizer(to_optimizer_config(training, parallelism), chunks)
 
 
@@ -166,14 +165,10 @@ def build_training(job: Job, iters: int, *, cuda: bool, device: torch.device,
     The worker and the preflight both build through here, so the preflight checks exactly
     what the job will train: same translator, same seeding, same layout-independent init.
     """
-    from train import megatron_model
-
     p, t = job.parallelism, job.training
     config = megatron_model.to_transformer_config(job.model, p, t, cuda=cuda)
     use_te = cuda and megatron_model.have_transformer_engine()
-    if not megatron_model.have_transformer_engine():
-        from train.cpu_shim import patch_missing_te_symbols  # the MoE router without TE
-
+    if not megatron_model.have_transformer_engine():  # the MoE router without TE
         patch_missing_te_symbols()
     if p.tp_comm_overlap:
         if not use_te:  # train.versions refuses it without TE; the job check on cluster.gpu=cpu
@@ -183,8 +178,6 @@ def build_training(job: Job, iters: int, *, cuda: bool, device: torch.device,
     chunks = megatron_model.build_model_chunks(job.model, config, p.tp, use_te=use_te, device=device)
     megatron_model.init_layout_independent(chunks, job.model, t.seed)
     if hf_weights is not None:  # training.init_from=hf:DIR at step 0: before DDP and the optimizer copy the weights
-        from train import hf_bridge
-
         hf_bridge.load_into(chunks, job.model, hf_weights, megatron_model.padded_vocab_size(job.model, p.tp))
     chunks = wrap_ddp(chunks, config, p)
     optimizer = build_optimizer(t, chunks, p)
@@ -414,9 +407,6 @@ def throughput_model(ctx: RankContext) -> tuple[Optional[float], Optional[float]
     """(FLOPs per global step, peak FLOP/s per device or None on CPU), for the log's TFLOP/s and MFU fields."""
     job = ctx.job
     try:
-        from analysis import flops as aflops
-        from train import megatron_model
-
         flops = aflops.num_floating_point_operations(
             job.model, job.training.global_batch_size,
             padded_vocab_size=megatron_model.padded_vocab_size(job.model, job.parallelism.tp))
