@@ -152,3 +152,15 @@ def judge_failure(policy: str, save_reason: str, in_a_row: int, max_skipped: int
 
 
 __all__ = ["space_warning", "save_failed", "judge_failure", "SAVE_POLICIES", "StorageError", "MARGIN"]
+
+
+class SaveFailed(RuntimeError):
+    """A save the filesystem refused (disk full, EACCES, EIO, ...): every rank stops with ``stop["code"]``.
+
+    Raised by the synchronous and the asynchronous saves of ``train.checkpointer`` alike (``stop`` as
+    :func:`save_failed` returns it)."""
+
+    def __init__(self, stop: dict) -> None:
+        self.stop = stop
+        self.reported = False  # its save_failed event was written (the checkpointer's policy judged it)
+        super().__init__(stop["detail"])

@@ -88,3 +88,19 @@ def test_the_launcher_and_the_crash_judgement_read_finality_from_the_table(entry
 
 def _never(*args, **kwargs):
     raise AssertionError("a final code must not reach Slurm")
+
+
+def test_the_worker_docstring_names_every_code_as_the_table_does():
+    """train/worker.py's summary of the codes is copied from the table: every code once, each with its meaning."""
+    import re
+
+    import train.worker
+
+    doc = train.worker.__doc__
+    said = doc[doc.index("From it:"):doc.index("A hang")]
+    codes = [int(c) for c in re.findall(r"(\d+) [a-zA-Z]", said)]
+    assert codes == [e.code for e in exit_codes.EXIT_CODES]
+    for e in exit_codes.EXIT_CODES:
+        if e.reason:  # the reason's words follow its code: "17 the budget", "18 out of GPU memory" (oom)
+            words = {"oom": "out of GPU memory", "nan": "NaN"}.get(e.reason, e.reason.split("_")[0])
+            assert re.search(rf"\b{e.code} [^,]*{re.escape(words)}", said), (e.code, e.reason)

@@ -396,7 +396,7 @@ def _rank0_ctx(tmp_path, *overrides, storage=None, restart=0):
     job = compose_job(["model=tiny", "cluster=local", f"run.dir={tmp_path}", "run.name=ctxrun", *overrides])
     events = []
     ctx = SimpleNamespace(job=job, paths=job.paths_at(tmp_path), env={}, restart=restart, job_id=None,
-                          storage=storage or LocalStorage(), run_lock=None, is_first=True,
+                          storage=storage or LocalStorage(), run_lock=None, is_first=True, world=1, layout={},
                           emit=lambda ev, **f: events.append((ev, f)), log=lambda m: events.append(("log", m)))
     return ctx, events
 
@@ -410,8 +410,8 @@ def test_rank0_takes_the_lock_names_the_run_and_refuses_a_second_writer(tmp_path
     assert start.identity["id"] == (tmp_path / "run_id").read_text().strip()
     second, _ = _rank0_ctx(tmp_path)
     refused = _decide(second)
-    assert not refused.ok and refused.decision["reason"] == "run_locked"
-    assert refused.decision["code"] == policy.EXIT_RUN_LOCKED and f"pid {os.getpid()}" in refused.decision["detail"]
+    assert not refused.ok and refused.decision.reason == "run_locked"
+    assert refused.decision.code == policy.EXIT_RUN_LOCKED and f"pid {os.getpid()}" in refused.decision.detail
     ctx.run_lock.release()
 
 
@@ -432,7 +432,7 @@ def test_rank0_holds_the_lock_its_local_launcher_handed_over(tmp_path):
         other, _ = _rank0_ctx(tmp_path)
         other.env = env
         refused = _decide(other)
-        assert refused.decision["reason"] == "run_locked" and f"pid {os.getpid()}" in refused.decision["detail"]
+        assert refused.decision.reason == "run_locked" and f"pid {os.getpid()}" in refused.decision.detail
     assert launcher.release() and not (tmp_path / "run.lock").exists()
 
 
@@ -447,7 +447,7 @@ def test_rank0_restart_from_scratch_only_on_a_fresh_submission(tmp_path):
     flip(final_path(ck, 10))
     requeued, _ = _rank0_ctx(tmp_path, "training.restart_from_scratch=true", restart=1)
     start = _decide(requeued)  # a requeue never throws checkpoints away, even with the flag set
-    assert not start.ok and start.decision["reason"] == "no_loadable_checkpoint"
+    assert not start.ok and start.decision.reason == "no_loadable_checkpoint"
     requeued.run_lock.release()
     fresh, _ = _rank0_ctx(tmp_path, "training.restart_from_scratch=true", restart=0)
     start = _decide(fresh)

@@ -345,7 +345,7 @@ def test_a_write_past_the_save_deadline_is_abandoned_and_the_save_policy_decides
     said = []
     ctx.log = said.append
     ckpt = Checkpointer(ctx, parts=None)
-    ckpt._writer = writer = _StillWriting()
+    ckpt.async_saves.writer = writer = _StillWriting()
     ckpt._slowest_save_s = 30.0  # deadline max(3 x 30, 60) = 90 s
     ckpt.pending = InFlight(6, "interval", 100.0, 0.4, {})
     for t in (150.0, 189.0):

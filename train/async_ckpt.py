@@ -26,18 +26,28 @@ GIL), and the ranks agree on its outcome at a later step boundary before the ste
 saved. A kill during the write or the commit leaves an ``iter_N.tmp`` that is never loaded.
 
 :class:`AsyncSaves` is that half of :class:`train.checkpointer.Checkpointer` (start, poll, wait,
-the commit thread, close, abandon); :class:`AsyncWriter` wraps the queue and the commit thread.
+the commit thread, close, abandon), a field of it (``ckpt.async_saves``) that is handed the checkpointer for
+the steps both kinds of save share; :class:`AsyncWriter` wraps the queue and the commit thread.
 """
 from __future__ import annotations
 
+import statistics
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-import statistics
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from launch.kinds import EventKind
-from train.context import broadcast
+from recovery import commit, policy
+from recovery.savefail import SaveFailed
+from recovery.signals import deferred
+from train.context import RankContext, broadcast
+
+# train.megatron_ckpt (torch, Megatron-Core) is imported where it is used: importing this module stays torch-free.
+if TYPE_CHECKING:  # the owner; at run time it imports this module, not the other way round
+    from train.checkpointer import Checkpointer
 
 
 WAIT_POLL_S = 0.05  # between the collective polls of a wait for the save in flight
@@ -94,10 +104,7 @@ class AsyncWriter:
 
     def schedule(self, request: Any, delay_s: float = 0.0) -> None:
         """Every rank: fork the writer of this rank's shards (stop signals stay blocked in it)."""
-        from functools import partial
-
-        from recovery.signals import deferred
-        from train.megatron_ckpt import no_zip_crc32
+        from train.megatron_ckpt import no_zip_crc32  # torch
 
         if delay_s > 0 and request.async_fn is not None:
             request = request._replace(async_fn=partial(delayed_write, delay_s, request.async_fn))
@@ -150,39 +157,43 @@ class AsyncWriter:
 
 
 class AsyncSaves:
-    """The asynchronous half of :class:`train.checkpointer.Checkpointer` (a mixin: the checkpointer holds the
-    state, ``pending``, ``_writer``, ``_slowest_save_s``, and the shared steps, ``_stage``, ``_agree``,
-    ``_failed``, ``_committed``, ``_meta``, ``_resolve_auto``, ``_check_lead``). Every method but the commit
-    thread's is called by every rank at a step boundary; :meth:`poll` is collective."""
+    """The asynchronous half of a :class:`train.checkpointer.Checkpointer` (start, poll, wait, rank 0's commit
+    thread, close, abandon), held by it as ``ckpt.async_saves``. It owns the save in flight (``pending``) and
+    the writer; the checkpointer it is given owns what synchronous and asynchronous saves share (the steps
+    saved, the interval, the lead-time check, staging, the rank agreement and the commit's events). Every method
+    but the commit thread's is called by every rank at a step boundary; :meth:`poll` is collective."""
 
-    pending: Optional[InFlight]
-    _writer: Optional[AsyncWriter]
+    def __init__(self, ctx: RankContext, ckpt: Checkpointer) -> None:
+        self.ctx = ctx
+        self.ckpt = ckpt  # the owner: its shared steps (_stage, _agree, _failed, _committed, _meta, ...)
+        self.pending: Optional[InFlight] = None  # the one asynchronous save in flight
+        self.writer: Optional[AsyncWriter] = None  # made at the first asynchronous save
 
-    def _start_async(self, state: Any, reason: str) -> None:
+    def start(self, state: Any, reason: str) -> None:
         """Every rank: stage (rank 0), plan and fork this rank's shard writer; training goes on meanwhile."""
         from torch.distributed.checkpoint.api import CheckpointException
 
         from train import megatron_ckpt
 
-        ctx, step = self.ctx, state.step
+        ctx, ck, step = self.ctx, self.ckpt, state.step
         t0 = ctx.clock()
         ctx.beat("save", step)
-        self._join_warmup()
+        ck._join_warmup()
         ctx.log(f"saving checkpoint at iteration {step:7d} to {ctx.paths.checkpoint(step)} (asynchronous)")
-        stop = self._stage(step) if ctx.is_first else None
-        self._agree(stop)
-        meta = self._meta(state)
-        chunks, optimizer, scheduler = self.parts
+        stop = ck._stage(step) if ctx.is_first else None
+        ck._agree(stop)
+        meta = ck._meta(state)
+        chunks, optimizer, scheduler = ck.parts
         sd = megatron_ckpt.sharded_state(chunks, optimizer, scheduler, meta,
-                                         distributed_optimizer=self._distributed_optimizer, is_loading=False)
-        if self._writer is None:
-            self._writer = AsyncWriter(ctx.is_first)
+                                         distributed_optimizer=ck._distributed_optimizer, is_loading=False)
+        if self.writer is None:
+            self.writer = AsyncWriter(ctx.is_first)
         try:
             request = megatron_ckpt.start_shards_async(ctx.paths.staging(step), sd,
-                                                       distributed_optimizer=self._distributed_optimizer)
-            self._writer.schedule(request, ctx.hooks.write_delay(step))
+                                                       distributed_optimizer=ck._distributed_optimizer)
+            self.writer.schedule(request, ctx.hooks.write_delay(step))
         except (Exception, CheckpointException) as e:
-            self._agree(self._failed(e, step) if ctx.is_first else None, e)
+            ck._agree(ck._failed(e, step) if ctx.is_first else None, e)
             raise
         blocking = ctx.clock() - t0
         self.pending = InFlight(step, reason, t0, blocking, meta)
@@ -196,15 +207,15 @@ class AsyncSaves:
         every rank (finalize, then rank 0 commits in a thread) and when the commit is done (agree on it)."""
         from torch.distributed.checkpoint.api import CheckpointException
 
-        p, ctx = self.pending, self.ctx
+        p, ctx, ck = self.pending, self.ctx, self.ckpt
         if p is None:
             return
         if p.phase == "write":
             try:
-                done = self._writer.finalized(blocking)
+                done = self.writer.finalized(blocking)
             except (Exception, CheckpointException) as e:  # a failed write on any rank reaches every rank
                 self.pending = None
-                self._agree(self._failed(e, p.step) if ctx.is_first else None, e)
+                ck._agree(ck._failed(e, p.step) if ctx.is_first else None, e)
                 raise
             if not done:
                 self._abandon_if_stuck(p)
@@ -212,7 +223,7 @@ class AsyncSaves:
             p.written_s = ctx.clock() - p.t0
             p.phase = "commit"
             if ctx.is_first:
-                p.commit = self._writer.submit(self._commit_async, p)
+                p.commit = self.writer.submit(self._commit, p)
         kind, value, shared = "", None, None
         if ctx.is_first:
             kind, value = p.commit.result() if (blocking or p.commit.done()) else ("running", None)
@@ -227,21 +238,15 @@ class AsyncSaves:
         if shared[0] == "failed":
             if shared[1] is None:
                 raise RuntimeError(f"rank 0 failed committing the checkpoint of iteration {p.step}")
-            from train.checkpointer import SaveFailed
-
             raise SaveFailed(shared[1])
-        self._async_committed(p, value, shared[1])
+        self._committed(p, value, shared[1])
 
-    def wait_pending(self, why: str) -> float:
+    def wait(self, why: str) -> float:
         """Every rank: block until the save in flight is written, committed and agreed; the seconds waited."""
-        from recovery.signals import deferred
-
         p, ctx = self.pending, self.ctx
         t0 = ctx.clock()
         ctx.beat("save", p.step)
         ctx.log(f"waiting for the asynchronous save of iteration {p.step} ({why})")
-        from train.checkpointer import SaveFailed
-
         with deferred():
             try:
                 while self.pending is not None:  # non-blocking polls: a stuck writer is abandoned at its deadline
@@ -249,55 +254,52 @@ class AsyncSaves:
                     if self.pending is not None:
                         ctx.sleep(WAIT_POLL_S)
             except SaveFailed as e:  # the periodic save in flight failed: its policy, then the caller's own save
-                self.judge_failure(e, p.step, p.reason)
+                self.ckpt.judge_failure(e, p.step, p.reason)
                 return ctx.clock() - t0
         waited = ctx.clock() - t0
         ctx.emit(EventKind.CHECKPOINT_WAIT, step=p.step, seconds=waited, reason=why)
         ctx.log(f"  the asynchronous save of iteration {p.step} is durable (waited {waited:.2f} s)")
         return waited
 
-    def _async_committed(self, p: Any, result: Any, durable_s: Optional[float] = None) -> None:
+    def _committed(self, p: InFlight, result: Any, durable_s: Optional[float] = None) -> None:
         """Every rank: the agreed end of an asynchronous save (rank 0 holds the commit's result; ``durable_s``: its
         start -> commit done, as rank 0's commit thread measured it; the agreement comes up to a step later)."""
-        ctx = self.ctx
+        ctx, ck = self.ctx, self.ckpt
         total = ctx.clock() - p.t0
         if ctx.is_first:
             result, record = result
-            self._committed(result, p.step, p.reason, p.t0, record=record)
-        self.saved_steps.add(p.step)
-        self.failed_in_a_row = 0
-        self._slowest_save_s = max(self._slowest_save_s, total)
+            ck._committed(result, p.step, p.reason, p.t0, record=record)
+        ck.saved_steps.add(p.step)
+        ck.failed_in_a_row = 0
+        ck._slowest_save_s = max(ck._slowest_save_s, total)
         ctx.beat("saved", p.step, total)
-        cost = save_cost(p.blocking_s, total if durable_s is None else durable_s, p.step_times, list(self._outside))
+        cost = save_cost(p.blocking_s, total if durable_s is None else durable_s, p.step_times, list(ck._outside))
         ctx.log(f"  successfully saved checkpoint at iteration {p.step:7d} to {ctx.paths.checkpoint(p.step)} "
                 f"(asynchronous: written {p.written_s:.2f} s after the start; {cost_words(cost)})")
-        self._said_cost(p.step, "async", cost)
-        step_s = getattr(self, "_step_s", 0.0)
-        if self.interval is None and step_s > 0:
-            self.interval = self._resolve_auto(step_s, p.blocking_s, total)
-        if not self._lead_checked and step_s > 0:
-            self._check_lead(step_s, total, wait_s=total)
-            self._lead_checked = True
+        ck._said_cost(p.step, "async", cost)
+        step_s = ck._step_s
+        if ck.interval is None and step_s > 0:
+            ck.interval = ck._resolve_auto(step_s, p.blocking_s, total)
+        if not ck._lead_checked and step_s > 0:
+            ck._check_lead(step_s, total, wait_s=total)
+            ck._lead_checked = True
 
-    def _abandon_if_stuck(self, p: Any) -> None:
+    def _abandon_if_stuck(self, p: InFlight) -> None:
         """A write not durable within the save deadline the hang watchdog applies to a blocking save
         (max(training.watchdog.save_factor x the slowest save so far, training.watchdog.save_floor_s)) is abandoned on every
         rank (rank 0's clock decides; collective): its writers are killed, its staging directory ``iter_N.tmp`` is
         never loaded (the next commit's prune removes it), a WARNING and ``checkpoint_abandoned`` (cause
-        ``writer_stuck``) say so, and :class:`train.checkpointer.SaveFailed` hands it to ``training.on_save_failure``.
+        ``writer_stuck``) say so, and :class:`recovery.savefail.SaveFailed` hands it to ``training.on_save_failure``.
         Training never waits behind a stuck writer."""
-        from recovery import policy
-        from train.checkpointer import SaveFailed
-
-        w, ctx = self.ctx.job.training.watchdog, self.ctx
-        limit = max(w.save_factor * self._slowest_save_s, w.save_floor_s)
+        w, ctx, slowest = self.ctx.job.training.watchdog, self.ctx, self.ckpt._slowest_save_s
+        limit = max(w.save_factor * slowest, w.save_floor_s)
         age = ctx.clock() - p.t0
-        if not self._writer.agree(ctx.is_first and age > limit):
+        if not self.writer.agree(ctx.is_first and age > limit):
             return
-        self._writer.abandon()
+        self.writer.abandon()
         self.pending = None
         msg = (f"the asynchronous save of iteration {p.step} is not durable after {age:.0f} s > max("
-               f"training.watchdog.save_factor {w.save_factor:g} x slowest save {self._slowest_save_s:.1f} s, "
+               f"training.watchdog.save_factor {w.save_factor:g} x slowest save {slowest:.1f} s, "
                f"training.watchdog.save_floor_s {w.save_floor_s:g}) = {limit:.0f} s: its writer is stuck (or the "
                f"filesystem too slow); abandoned: its writers were killed, {ctx.paths.staging(p.step).name} is never "
                f"loaded")
@@ -307,18 +309,16 @@ class AsyncSaves:
         raise SaveFailed({"reason": "storage_error", "cause": "writer_stuck", "code": policy.EXIT_STORAGE,
                           "detail": msg, "step": p.step})
 
-    def _commit_async(self, p: Any) -> tuple:
+    def _commit(self, p: InFlight) -> tuple:
         """Rank 0's commit thread: every rank's shards are written and finalized; make them durable."""
-        from recovery import commit
-
-        ctx = self.ctx
+        ctx, ck = self.ctx, self.ckpt
         try:
             if ctx.hooks.save_sleep_s > 0:
                 ctx.sleep(ctx.hooks.save_sleep_s)
-            self._commits += 1
-            ctx.hooks.fail_commit(self._commits, ctx.paths.staging(p.step))
+            ck._commits += 1
+            ctx.hooks.fail_commit(ck._commits, ctx.paths.staging(p.step))
             result = commit.commit(ctx.paths.checkpoints, p.step, p.meta, keep=ctx.job.training.keep_checkpoints,
-                                   storage=ctx.storage, run=self.identity)
+                                   storage=ctx.storage, run=ck.identity)
             # durable now: recorded at once (the event log appends one line per write), not at the agreement a
             # step later, so the log never lacks a committed checkpoint that a kill in between leaves behind
             record = ctx.events.emit(EventKind.CHECKPOINT_SAVED, step=p.step, path=str(result.path),
@@ -326,16 +326,16 @@ class AsyncSaves:
                                      blocking_s=p.blocking_s, written_s=p.written_s, mode="async")
             return ("ok", (result, record))
         except Exception as e:
-            stop = self._failed(e, p.step)
+            stop = ck._failed(e, p.step)
             return ("failed", stop) if stop is not None else ("error", e)
 
     def close(self) -> None:
         """No asynchronous save left in flight or half-agreed; the writer and commit thread ended."""
         if self.pending is not None:
-            self.wait_pending("shutdown")
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+            self.wait("shutdown")
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
 
     def abandon(self, why: str) -> None:
         """This rank failed with an asynchronous save in flight (no collective is safe now).
@@ -389,8 +389,6 @@ class WriterWarmUp:
     save. ``error``: why it failed (the first save then pays the cold writer; the checkpointer says so)."""
 
     def __init__(self) -> None:
-        import threading
-
         self.error: Optional[str] = None
         self.thread = threading.Thread(target=self._run, name="ckpt-writer-warm-up", daemon=True)
 

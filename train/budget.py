@@ -16,6 +16,9 @@ from typing import Any, Callable, Optional
 
 from analysis import spend
 from launch.kinds import EventKind
+from recovery.events import read_events
+from recovery.slurm import Slurm, default_runner
+from train.context import RankContext
 
 SCALE = 1e9  # hours travel through the int64 all-reduce as nano-hours
 
@@ -23,13 +26,9 @@ SCALE = 1e9  # hours travel through the int64 all-reduce as nano-hours
 def baseline(job: Any, paths: Any, env: Any, *, runner: Optional[Callable[..., Any]] = None,
              now: float) -> tuple[float, str]:
     """(hours spent by the run up to ``now``, source): sacct when under Slurm and it answers, else the events."""
-    from recovery.events import read_events
-
     world = job.world_size
     job_id = env.get("SLURM_JOB_ID")
     if job_id:
-        from recovery.slurm import Slurm, default_runner
-
         ids = [str(s["job_id"]) for s in read_events(paths.submissions) if s.get("job_id")]
         ids = list(dict.fromkeys(ids + [str(job_id)]))
         r = Slurm(runner or default_runner).sacct(ids, "-X", "-D", "-n", "-P", f"--format={spend.SACCT_FORMAT}")
@@ -67,7 +66,7 @@ class BudgetGuard:
         return spend.Ledger(spent_n / SCALE, self.source, self.budget, projected_n / SCALE if projected_n else None,
                             self.unit)
 
-    def review(self, ctx: Any, step: int, spent_n: int, projected_n: int) -> Optional[spend.Ledger]:
+    def review(self, ctx: RankContext, step: int, spent_n: int, projected_n: int) -> Optional[spend.Ledger]:
         """Warn for each threshold newly passed; return the ledger when the budget is spent (stop), else None."""
         if not self.active or spent_n <= 0:
             return None
@@ -86,14 +85,13 @@ class BudgetGuard:
         return led if led.over else None
 
 
-def build(ctx: Any, iters: int, *, runner: Optional[Callable[..., Any]] = None,
+def build(ctx: RankContext, iters: int, *, runner: Optional[Callable[..., Any]] = None,
           clock: Callable[[], float] = time.time) -> Optional[BudgetGuard]:
     """The guard of this attempt (every rank; rank 0 reads the ledger), or None without a budget."""
     job = ctx.job
     b = job.run.budget_gpu_hours
     if not b or b <= 0:
         return None
-    from recovery.events import read_events
 
     base, source = 0.0, "events"
     now = clock()

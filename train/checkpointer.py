@@ -1,7 +1,7 @@
 """The rank's checkpointing: where to resume from, and when and how to save.
 
-:func:`find_start` (rank 0 searches and decides, every rank follows) runs before the model
-exists; :class:`Checkpointer` owns everything after it: loading the resume point, the
+:func:`find_start` (rank 0 decides with :func:`recovery.start.decide_start`, every rank follows) runs
+before the model exists; :class:`Checkpointer` owns everything after it: loading the resume point, the
 collective save (stage, write shards, commit on rank 0), the steps already durable, the
 checkpoint interval (a step count, or ``auto`` resolved from the first measured save) and the
 one-time lead-time check. torchtitan's ``CheckpointManager`` is the model: the loop only says
@@ -13,48 +13,33 @@ the shard format is Megatron-Core's ``dist_checkpointing`` (:mod:`train.megatron
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import replace
 from typing import Any, Optional
 
 from launch.kinds import EventKind
+from recovery import commit, policy, savefail
 from recovery.interval import resolve_interval
-from recovery.resume import Resume
-from train.async_ckpt import AsyncSaves, save_cost
+from recovery.quarantine import quarantine
+from recovery.resume import Resume, find_latest_verified
+from recovery.savefail import SaveFailed, save_failed, space_warning
+from recovery.signals import deferred
+from recovery.start import Start, decide_start
+from train.async_ckpt import AsyncSaves, InFlight, save_cost
 from train.context import RankContext, broadcast, gather, model_shape
+
+# train.local_ckpt, train.megatron_ckpt and train.train_loop import torch: they are imported where they are used,
+# so importing this module (the worker does before torch) stays torch-free.
+__all__ = ["Checkpointer", "SaveFailed", "Start", "announce", "configured_interval", "find_start", "vet_resume"]
 
 
 OUTSIDE_STEPS = 50  # recent steps without a save in flight: the baseline of a save's step-time dip
 
 
-@dataclass
-class Start:
-    """Rank 0's verdict before the model is built, as every rank receives it."""
-
-    resume: Resume  # the newest verified checkpoint (path None: start from scratch)
-    decision: dict = field(default_factory=dict)  # recovery.policy.Decision as a dict
-    notices: list = field(default_factory=list)  # visible fallbacks: each a WARNING line and an event
-    identity: Optional[dict] = None  # whose checkpoints these are (recovery.identity.run_identity)
-    local: Optional[Any] = None  # recovery.local_sets.LocalChoice: its step set = resume from that local set
-    local_nodes: Optional[list] = None  # every rank's node when the local tier is on (train/local_ckpt.py)
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.decision["ok"])
-
-
-class SaveFailed(RuntimeError):
-    """A save the filesystem refused (disk full, EACCES, EIO, ...): every rank stops with ``stop["code"]``."""
-
-    def __init__(self, stop: dict) -> None:
-        self.stop = stop
-        self.reported = False  # its save_failed event was written (the checkpointer's policy judged it)
-        super().__init__(stop["detail"])
-
-
 def find_start(ctx: RankContext) -> Start:
     """Rank 0 takes the run lock, decides from the checkpoints it finds (resume, start, or refuse) and asks
-    the requeue policy; all ranks get the answer (:func:`recovery.resume.plan_resume`)."""
-    from train.local_ckpt import gather_inventories
+    the requeue policy (:func:`recovery.start.decide_start`); all ranks get the answer. Rank 0 keeps the lock
+    (``ctx.run_lock``) for the attempt."""
+    from train.local_ckpt import gather_inventories  # torch
 
     found = gather_inventories(ctx)  # the local tier: each node verifies its sets (collective; None when off)
     start = None
@@ -66,55 +51,13 @@ def find_start(ctx: RankContext) -> Start:
 
 
 def _decide(ctx: RankContext, inventories: Optional[list] = None) -> Start:
-    from recovery import lock, policy, stop
-    from recovery.events import read_events
-    from recovery.identity import run_identity
-    from recovery.resume import committed_steps, plan_resume
-    from recovery.trust import trusts_shared
-
-    def refuse(reason: str, detail: str, notices: list) -> Start:
-        code = policy.FINAL_REASONS[reason]
-        return Start(Resume(None, None), {"ok": False, "reason": reason, "code": code, "detail": detail},
-                     notices)
-
-    notices: list = []
-    try:
-        ctx.run_lock = lock.acquire(ctx.paths.lock, lock.me_from_env(ctx.env),
-                                    handed_by=ctx.env.get(lock.HANDOVER_ENV) or None)
-    except lock.RunLocked as e:
-        return refuse("run_locked", str(e), notices)
-    if ctx.run_lock.taken_over is not None:
-        old = ctx.run_lock.taken_over
-        notices.append({"event": EventKind.RUN_LOCK_TAKEOVER, "holder": old.describe(), "reason": ctx.run_lock.why,
-                        "message": f"taking over the run lock of {old.describe()}: {ctx.run_lock.why}"})
-    identity = run_identity(ctx.job, ctx.paths.run_dir)
-    fresh = ctx.restart == 0
-    scratch = bool(ctx.job.training.restart_from_scratch) and fresh
-    plan = plan_resume(ctx.paths.checkpoints, identity=identity, storage=ctx.storage,
-                       committed=committed_steps(read_events(ctx.paths.events)), restart_from_scratch=scratch,
-                       trust_shared=trusts_shared(ctx.env))
-    if scratch:
-        notices.append({"event": EventKind.START_OVER, "reason": "training.restart_from_scratch=true",
-                        "message": "training.restart_from_scratch=true: starting at step 0 (old checkpoints are "
-                                   "in quarantine/, not deleted)"})
-    notices += plan.notices
-    if plan.action == "refuse":
-        return refuse(plan.reason, plan.detail, notices)
-    res = Resume(plan.path, plan.step, plan.meta)
-    local = None
-    if inventories is not None and not scratch:  # the newest complete verified local set, if newer (one source)
-        from recovery.local_sets import choose
-
-        local = choose(res.step, inventories, world=ctx.world, layout=ctx.layout, identity=identity)
-        notices += local.notices
-        if local.step is not None:
-            res = Resume(None, local.step, local.meta)
-    ended = stop.start_refusal(ctx.paths.stop_request, res.step, ctx.job_id)  # a cancel or a drain ended the run
-    if ended:
-        return Start(res, {"ok": False, "reason": ended[0], "code": policy.EXIT_COMPLETED, "detail": ended[1]},
-                     notices, identity, local)
-    decision = policy.start_decision(ctx.paths.run_dir, ctx.restart, res.step, ctx.job.training, job_id=ctx.job_id)
-    return Start(res, asdict(decision), notices, identity, local)
+    """Rank 0: :func:`recovery.start.decide_start` on this rank's facts; its run lock moves to ``ctx.run_lock``
+    (the worker releases it at the attempt's end) and stays off the broadcast."""
+    start = decide_start(ctx.paths, ctx.job, restart=ctx.restart, job_id=ctx.job_id, env=ctx.env,
+                         storage=ctx.storage, world=ctx.world, layout=ctx.layout, inventories=inventories)
+    if start.run_lock is not None:
+        ctx.run_lock = start.run_lock
+    return replace(start, run_lock=None)
 
 
 def announce(ctx: RankContext, start: Start) -> None:
@@ -129,7 +72,7 @@ def vet_resume(ctx: RankContext, start: Start) -> None:
     """Before the model is built: every fallback as a WARNING and an event (skipped or quarantined checkpoints,
     a missing ``latest`` target, a lock takeover), and refuse a checkpoint written by the other optimizer type
     (its manifest says; the formats cannot be converted)."""
-    from train import megatron_ckpt
+    from train import megatron_ckpt  # torch
 
     announce(ctx, start)
     resume = start.resume
@@ -147,11 +90,12 @@ def configured_interval(training: Any) -> Optional[int]:
     return training.fixed_checkpoint_interval
 
 
-class Checkpointer(AsyncSaves):
+class Checkpointer:
     """Saves and loads one rank's share of the training state (collective calls: every rank calls them).
 
-    The asynchronous saves (start, poll, wait, rank 0's commit thread, close, abandon) are
-    :class:`train.async_ckpt.AsyncSaves`."""
+    The asynchronous saves (start, poll, wait, rank 0's commit thread, close, abandon) are its field
+    ``async_saves`` (:class:`train.async_ckpt.AsyncSaves`), which it hands itself for the steps both kinds of
+    save share; :meth:`poll`, :meth:`wait_pending`, :meth:`close`, :meth:`abandon` and ``pending`` are theirs."""
 
     def __init__(self, ctx: RankContext, parts: Any, identity: Optional[dict] = None) -> None:
         self.ctx = ctx
@@ -162,8 +106,8 @@ class Checkpointer(AsyncSaves):
         self.saved_steps: set[int] = set()
         self._lead_checked = False
         self.async_save = bool(getattr(ctx.job.training, "async_save", False))
-        self.pending: Optional[Any] = None  # train.async_ckpt.InFlight: the one asynchronous save in flight
-        self._writer: Optional[Any] = None  # train.async_ckpt.AsyncWriter, made at the first async save
+        self.async_saves = AsyncSaves(ctx, self)  # the save in flight and its writer
+        self._step_s = 0.0  # the last step's seconds, as the interval save saw it
         self._owed: Optional[int] = None  # the step an interval save came due while one was in flight
         self._auto_started = False  # 'auto': the measuring save has started
         self._warmup: Optional[Any] = getattr(ctx, "writer_warmup", None)  # joined before the first save
@@ -174,6 +118,36 @@ class Checkpointer(AsyncSaves):
         self._outside: deque = deque(maxlen=OUTSIDE_STEPS)  # step seconds while no save was in flight
         self._commits = 0  # commits this attempt began (rank 0; the SLURMTRON_TEST_SAVE_EIO hook counts them)
         self.local: Optional[Any] = None  # train.local_ckpt.LocalTier when training.local_checkpoint is on
+
+    # ---- the asynchronous saves (self.async_saves) ----------------------------------------------
+
+    @property
+    def pending(self) -> Optional[InFlight]:
+        """The one asynchronous save in flight, or None."""
+        return self.async_saves.pending
+
+    @pending.setter
+    def pending(self, p: Optional[InFlight]) -> None:
+        self.async_saves.pending = p
+
+    def _start_async(self, state: Any, reason: str) -> None:
+        self.async_saves.start(state, reason)
+
+    def poll(self, blocking: bool = False) -> None:
+        """Every rank (collective): :meth:`train.async_ckpt.AsyncSaves.poll`."""
+        self.async_saves.poll(blocking)
+
+    def wait_pending(self, why: str) -> float:
+        """Every rank: :meth:`train.async_ckpt.AsyncSaves.wait`; the seconds waited."""
+        return self.async_saves.wait(why)
+
+    def close(self) -> None:
+        """No asynchronous save left in flight or half-agreed; the writer and commit thread ended."""
+        self.async_saves.close()
+
+    def abandon(self, why: str) -> None:
+        """This rank failed: :meth:`train.async_ckpt.AsyncSaves.abandon` (no collective)."""
+        self.async_saves.abandon(why)
 
     def _join_warmup(self) -> None:
         """Before the first save: the writer's warm-up (train.async_ckpt.WriterWarmUp) has finished."""
@@ -211,16 +185,14 @@ class Checkpointer(AsyncSaves):
         self.saved_steps.add(state.step)
         self.loaded = (resume.path, state.step)
         if ctx.is_first:  # the measured size the next save needs (the free-space check)
-            from recovery.commit import manifest_of
 
-            files = manifest_of(resume.path, storage=ctx.storage).get("files") or {}
+            files = commit.manifest_of(resume.path, storage=ctx.storage).get("files") or {}
             self.last_bytes = sum(int(f.get("size") or 0) for f in files.values()) or None
         return state
 
     def rollback(self, state: Any, bad_from: int) -> Optional[Any]:
         """``training.nan_guard.on_nan=rollback``: reload the newest verified checkpoint in place and skip
         ``training.nan_guard.skip_batches`` global batches from data position ``bad_from``; None if there is none."""
-        from recovery.resume import find_latest_verified
         from train import megatron_ckpt
         from train.train_loop import TrainState
 
@@ -252,8 +224,6 @@ class Checkpointer(AsyncSaves):
     def replay_rollback(self, state: Any, why: str) -> Optional[Any]:
         """``training.replay.on_mismatch=rollback``: quarantine the checkpoint this attempt loaded (its replay did not
         match the log: moved, never deleted), load the newest verified one left; None if there is none."""
-        from recovery.quarantine import quarantine
-        from recovery.resume import find_latest_verified
         from train import megatron_ckpt
         from train.train_loop import TrainState
 
@@ -334,11 +304,10 @@ class Checkpointer(AsyncSaves):
         """Every rank, after a save failed (its staging directory was removed, committed checkpoints untouched):
         a ``save_failed`` event with the cause; raise ``e`` (the attempt stops with its reason) unless the policy
         goes on (:func:`recovery.savefail.judge_failure`), then a WARNING."""
-        from recovery.savefail import judge_failure
 
         t, ctx = self.ctx.job.training, self.ctx
         self.failed_in_a_row += 1
-        go_on, why = judge_failure(t.on_save_failure, save_reason, self.failed_in_a_row, t.max_skipped_saves)
+        go_on, why = savefail.judge_failure(t.on_save_failure, save_reason, self.failed_in_a_row, t.max_skipped_saves)
         stop = e.stop
         ctx.emit(EventKind.SAVE_FAILED, step=stop.get("step", step), cause=stop.get("cause", stop["reason"]),
                  save=save_reason, policy=t.on_save_failure, in_a_row=self.failed_in_a_row, go_on=go_on,
@@ -349,7 +318,6 @@ class Checkpointer(AsyncSaves):
         ctx.log(f"WARNING: the checkpoint of iteration {step} failed ({stop['reason']}: {stop['detail']}); {why}")
 
     def _periodic_save(self, state: Any, step_s: float) -> None:
-        from recovery.signals import deferred
 
         self._step_s = step_s
         if not self.async_save:
@@ -387,7 +355,6 @@ class Checkpointer(AsyncSaves):
 
         An asynchronous save still in flight is finished (written, committed, agreed) first; the step is
         then saved synchronously unless it is the one that save just made durable."""
-        from recovery.signals import deferred
 
         if self.pending is not None:
             self.wait_pending(reason)
@@ -406,7 +373,6 @@ class Checkpointer(AsyncSaves):
         """Stage (rank 0), write and seal shards (all; rank 0 gathers the digests), commit (rank 0)."""
         from torch.distributed.checkpoint.api import CheckpointException  # derives from BaseException, not Exception
 
-        from recovery import commit
         from train import megatron_ckpt
 
         ctx, step = self.ctx, state.step
@@ -467,12 +433,11 @@ class Checkpointer(AsyncSaves):
         """Every rank, after its shards are written: fsync and hash them here, while they are in this node's page
         cache, so rank 0 does not re-read the whole checkpoint (``recovery.commit.commit(digests=...)``).
         ("ok", {file: (size, digest)}) or ("error", why): rank 0 then hashes those files itself."""
-        from recovery.commit import seal_files
         from train.megatron_ckpt import own_shard_files
 
         staging = self.ctx.paths.staging(step)
         try:
-            return "ok", seal_files(staging, own_shard_files(staging, self.ctx.rank), storage=self.ctx.storage)
+            return "ok", commit.seal_files(staging, own_shard_files(staging, self.ctx.rank), storage=self.ctx.storage)
         except Exception as e:  # noqa: BLE001 - rank 0 reads the files instead, and says so
             return "error", f"{type(e).__name__}: {e}"
 
@@ -492,8 +457,6 @@ class Checkpointer(AsyncSaves):
 
     def _stage(self, step: int) -> Optional[dict]:
         """Rank 0: an empty staging directory, and the free-space check against the expected size."""
-        from recovery import commit, policy
-        from recovery.savefail import save_failed, space_warning
 
         ctx = self.ctx
         try:
@@ -519,7 +482,6 @@ class Checkpointer(AsyncSaves):
         return None
 
     def _failed(self, exc: BaseException, step: int) -> Optional[dict]:
-        from recovery.savefail import save_failed
 
         return save_failed(exc, self.ctx.paths.checkpoints, step, storage=self.ctx.storage,
                            expected_bytes=self.last_bytes or self._planned_bytes())
@@ -584,7 +546,6 @@ class Checkpointer(AsyncSaves):
     def _check_lead(self, step_s: float, save_s: float, wait_s: float = 0.0) -> None:
         """Does the signal lead time fit the rest of a step, the wait for an async save in flight (``wait_s``,
         its whole write in the worst case) and the synchronous stop save?"""
-        from recovery import policy
 
         lead = self.ctx.job.training.signal_lead_time_s
         warn = policy.lead_time_warning(lead, step_s, save_s, wait_s=wait_s)

@@ -18,7 +18,7 @@ import torch
 
 from launch.config import DataConfig, ModelConfig
 from launch import blend
-from launch.tokenizer import get_tokenizer, under_root
+from launch.tokenizer import TokenizerError, get_tokenizer, under_root
 
 
 class SampleSource(Protocol):
@@ -127,8 +127,6 @@ def start_refusal(data: DataConfig, data_root: str = "") -> Optional[Dict[str, s
     stop reason of :data:`recovery.policy.FINAL_REASONS` (another attempt would meet the same files), or None.
     A tokenizer package missing on the compute nodes is ``unsupported_software``; a prefix or tokenizer file
     missing or unreadable here (a mount the login node has and this node lacks) is ``storage_error``."""
-    from launch.tokenizer import TokenizerError
-
     if data.kind != "indexed":
         return None
     try:

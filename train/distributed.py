@@ -11,6 +11,12 @@ import datetime
 import os
 from typing import Any, Iterator, Mapping, NamedTuple, Optional
 
+from launch import dist_env
+from recovery.signals import deferred
+from train.async_ckpt import WriterWarmUp
+
+# torch, Megatron-Core and train.cpu_shim (torch) are imported inside the functions: quiet_known_warnings runs first.
+
 
 class Device(NamedTuple):
     """Where this rank computes."""
@@ -52,7 +58,6 @@ def init_distributed(job: Any, denv: Any, *, timeout_s: float, checkpoint_helper
     import torch.distributed as dist
     from megatron.core import parallel_state
 
-    from launch import dist_env
     from train import cpu_shim
 
     quiet_known_warnings(os.environ)
@@ -110,10 +115,6 @@ def start_checkpoint_helpers() -> Any:
     checkpoint it must carry. Spawned under the mask, it inherits the mask and survives.
     """
     from megatron.core.dist_checkpointing.strategies import filesystem_async
-
-    from recovery.signals import deferred
-
-    from train.async_ckpt import WriterWarmUp
 
     with deferred():
         filesystem_async._get_write_results_queue()

@@ -28,7 +28,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from launch import hf_config
+from launch.compose import load_job
 from launch.paths import RunDirError, RunPaths, given_run_dir
+from launch.tokenizer import get_tokenizer
+from launch.vocab import padded_vocab_size
 from recovery import policy
 from recovery.commit import dir_name, verify
 from recovery.pickle_guard import unsafe_pickles
@@ -58,8 +61,6 @@ class Source:
 
 def find_source(run_dir: Path, step: Optional[int], env: dict) -> Source:
     """The run's job and the verified checkpoint to export (refusals: one line, a distinct code)."""
-    from launch.compose import load_job
-
     cfg = RunPaths.of(run_dir).config
     if not cfg.is_file():
         raise Refused(2, f"{run_dir} is not a run directory (no config.yaml); give the directory launch/pretrain.py "
@@ -145,8 +146,6 @@ def hf_model(job: Any, tensors: dict, dtype: str) -> Any:
 
 def end_of_document(job: Any) -> Optional[int]:
     """The run tokenizer's end-of-document id (HF's ``eos_token_id``), None when it cannot be read here."""
-    from launch.tokenizer import get_tokenizer
-
     try:
         return int(get_tokenizer(job.data.tokenizer).eod)
     except Exception:  # a tokenizer file not on this machine: the export goes on without it
@@ -155,10 +154,8 @@ def end_of_document(job: Any) -> Optional[int]:
 
 def job_padded_vocab(job: Any) -> int:
     """The vocabulary every layout of the run builds (TP1 here: the checkpoint's global embedding rows)."""
-    from launch import vocab
-
     m = job.model
-    return vocab.padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, job.parallelism.tp)
+    return padded_vocab_size(m.vocab_size, m.make_vocab_size_divisible_by, job.parallelism.tp)
 
 
 def copy_tokenizer(job: Any, staging: Path) -> str:

@@ -29,6 +29,7 @@ from typing import Any, Dict, Iterator
 import torch
 
 from launch import hf_config
+from train.distributed import quiet_known_warnings
 
 Tensors = Dict[str, torch.Tensor]
 
@@ -243,9 +244,7 @@ def one_process() -> Iterator[None]:
     ``dist_checkpointing`` needs to read a checkpoint of any layout into one model (no launcher, no Slurm)."""
     import torch.distributed as dist
 
-    from train.distributed import quiet_known_warnings
-
-    quiet_known_warnings({})  # before Megatron-Core's first import
+    quiet_known_warnings({})  # before Megatron-Core's first import (train.megatron_model and cpu_shim import it)
     from megatron.core import parallel_state, tensor_parallel
 
     from train import cpu_shim

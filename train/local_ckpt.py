@@ -44,7 +44,9 @@ from launch.paths import DELETE_SUFFIX, LOCAL_MANIFEST, LocalPaths, local_set_na
 from recovery import local_sets
 from recovery.events import read_events
 from recovery.storage import HASH_NAME
-from train.context import gather
+from recovery.start import Start
+from train.checkpointer import Checkpointer
+from train.context import RankContext, gather
 from train.megatron_ckpt import sync_params
 from train.train_loop import TrainState
 
@@ -66,7 +68,7 @@ def all_gather(obj: Any) -> List[Any]:
     return out
 
 
-def rank_nodes(ctx: Any) -> List[str]:
+def rank_nodes(ctx: RankContext) -> List[str]:
     """Every rank's node, in rank order (a collective)."""
     return all_gather(node_name(ctx.env))
 
@@ -217,7 +219,7 @@ def exchange(payloads: Dict[int, List[bytes]], receive_from: List[int]) -> Dict[
 class LocalTier:
     """One rank's part of the local tier (every method is collective: every rank calls it)."""
 
-    def __init__(self, ctx: Any, parts: Any, nodes: List[str], identity: Optional[dict] = None) -> None:
+    def __init__(self, ctx: RankContext, parts: Any, nodes: List[str], identity: Optional[dict] = None) -> None:
         self.ctx = ctx
         self.parts = parts
         self.cfg = ctx.job.training.local_checkpoint
@@ -408,7 +410,7 @@ class LocalTier:
 
 # ---- the start ----------------------------------------------------------------------------------------------
 
-def gather_inventories(ctx: Any) -> Optional[tuple]:
+def gather_inventories(ctx: RankContext) -> Optional[tuple]:
     """Every rank (collective, when the tier is on): each node's first rank verifies its node's local directory;
     rank 0 gets (rank nodes, inventories), the others (rank nodes, None). None when the tier is off."""
     if not enabled(ctx.job):
@@ -424,20 +426,20 @@ def gather_inventories(ctx: Any) -> Optional[tuple]:
         for i in got if i is not None])
 
 
-def tier_for(ctx: Any, parts: Any, start: Any) -> Optional[LocalTier]:
+def tier_for(ctx: RankContext, parts: Any, start: Start) -> Optional[LocalTier]:
     """The local tier of this attempt (None when it is off)."""
     nodes = getattr(start, "local_nodes", None)
     return LocalTier(ctx, parts, nodes, start.identity) if nodes else None
 
 
-def _last_logged_step(ctx: Any) -> Optional[int]:
+def _last_logged_step(ctx: RankContext) -> Optional[int]:
     """Rank 0: the last step an earlier attempt logged (what an interruption lost is counted from)."""
     steps = [e.get("step") for e in read_events(ctx.paths.events) if e.get("event") == EventKind.ITERATION]
     steps = [s for s in steps if isinstance(s, int)]
     return max(steps) if steps else None
 
 
-def load_start(ctx: Any, ckpt: Any, start: Any, tier: Optional[LocalTier]) -> Any:
+def load_start(ctx: RankContext, ckpt: Checkpointer, start: Start, tier: Optional[LocalTier]) -> Any:
     """Every rank: the training state from the source the start chose (a local set, the global checkpoint, or
     nothing), and a ``resumed_from`` event (rank 0) naming the tier and the steps the interruption lost."""
     local = getattr(start, "local", None)

@@ -42,16 +42,18 @@ from typing import Any, Callable, Dict, Iterator, List
 import torch
 from megatron.core import dist_checkpointing
 
+from recovery.pickle_guard import unsafe_pickles
+from recovery.policy import EXIT_UNSAFE_CKPT
+from recovery.start_check import optimizer_conflict
+
 DIST_OPT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 
 
 class UnsafeCheckpoint(RuntimeError):
     """A checkpoint about to be loaded holds a pickle that needs more than checkpoint data types
-    (:mod:`recovery.pickle_guard`): a final stop (``stop`` as in :class:`train.checkpointer.SaveFailed`)."""
+    (:mod:`recovery.pickle_guard`): a final stop (``stop`` as in :class:`recovery.savefail.SaveFailed`)."""
 
     def __init__(self, path: Path, why: str) -> None:
-        from recovery.policy import EXIT_UNSAFE_CKPT
-
         detail = (f"{path} was not loaded: {why}. Checkpoints this toolkit writes need only checkpoint data "
                   f"types, so it was changed after its save; find out who changed it")
         self.stop = {"reason": "unsafe_checkpoint", "code": EXIT_UNSAFE_CKPT, "detail": detail}
@@ -61,8 +63,6 @@ class UnsafeCheckpoint(RuntimeError):
 def refuse_unsafe_pickles(path: Path) -> None:
     """Every rank, right before a load: the files torch would unpickle must pass the allow-list (rank 0's start
     decision checked them too; this closes the window between that check and the load)."""
-    from recovery.pickle_guard import unsafe_pickles
-
     why = unsafe_pickles(Path(path))
     if why:
         raise UnsafeCheckpoint(Path(path), why)
@@ -276,8 +276,6 @@ def start_shards_async(path: Path, state: Dict[str, Any], *, distributed_optimiz
 def check_optimizer_type(saved: Dict[str, Any], distributed_optimizer: bool, path: Path) -> None:
     """Refuse a checkpoint written by the other optimizer type (their formats are incompatible); the
     comparison is :func:`recovery.start_check.optimizer_conflict`, which the login side asks too."""
-    from recovery.start_check import optimizer_conflict
-
     conflict = optimizer_conflict(saved, distributed_optimizer, path)
     if conflict:
         raise CheckpointMismatch(conflict.line)

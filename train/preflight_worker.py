@@ -45,9 +45,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
+from launch import dist_env
+from launch import preflight_checks as pc
+from launch.dist_env import free_port
 from launch.paths import PREFLIGHT_OPTIONS as OPTIONS_FILE
 from launch.paths import RunPaths, checkpoint_name
+from launch.preflight_checks import format_table, write_report
 from recovery.storage import atomic_write_json
+from train.context import layout_of, model_shape
+from train.distributed import init_distributed, shutdown_distributed
 REFERENCE_FILE = "reference.json"
 RESHARD_FILE = "reference_reshard.json"
 CKPT_READY = "ckpt_ready"
@@ -260,8 +266,6 @@ def allreduce_busbw(device: Any, cuda: bool, clock: Callable[[], float] = time.p
 
 
 def _ckpt_meta(job: Any, step: int) -> dict:
-    from train.context import layout_of, model_shape
-
     return {"step": step, "consumed_samples": step * job.training.global_batch_size, "layout": layout_of(job),
             "distributed_optimizer": bool(job.parallelism.distributed_optimizer), "model": model_shape(job),
             "seed": job.training.seed, "preflight": True}
@@ -272,8 +276,6 @@ def _ckpt_meta(job: Any, step: int) -> dict:
 def start_reference(pf_dir: Path, env: Mapping[str, str], local_rank: int,
                     popen: Callable[..., Any] = subprocess.Popen) -> Any:
     """Rank 0: start ``--reference`` as a one-rank world of its own (a fresh port, no Slurm task vars)."""
-    from launch.dist_env import free_port
-
     child = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
     child.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK=str(local_rank), MASTER_ADDR="127.0.0.1",
                  MASTER_PORT=str(free_port()))
@@ -288,7 +290,6 @@ def run_reference(job: Any, pf_dir: Path, opts: dict, denv: Any) -> int:
     """The single-process reference: train the same steps, then load the target's checkpoint."""
     from train import megatron_ckpt
     from train.data import build_source
-    from train.distributed import init_distributed, shutdown_distributed
 
     ref = reference_job(job)
     cuda, device, _ = init_distributed(ref, denv, timeout_s=opts["timeout_s"])
@@ -321,7 +322,6 @@ def run_target(job: Any, pf_dir: Path, opts: dict, denv: Any, env: Mapping[str, 
 
     from train import megatron_ckpt
     from train.data import build_source
-    from train.distributed import init_distributed, shutdown_distributed
 
     rank = denv.rank
     for stale in (REFERENCE_FILE, RESHARD_FILE, CKPT_READY):
@@ -376,7 +376,6 @@ def run_target(job: Any, pf_dir: Path, opts: dict, denv: Any, env: Mapping[str, 
                         "wait": worst, "busbw": (busbw, nbytes), "saved": saved, "loaded": loaded, "cuda": cuda,
                         "broke": broke}
             report = judge(job, pf_dir, opts, measured, _wait_reference(ref_proc, opts["timeout_s"]))
-            from launch.preflight_checks import format_table, write_report
 
             path = write_report(opts["run_dir"], report, atomic_write_json)
             print(format_table(report), flush=True)
@@ -412,9 +411,6 @@ def _read(path: Path) -> Optional[dict]:
 
 def judge(job: Any, pf_dir: Path, opts: dict, m: dict, ref_error: str) -> Any:
     """Rank 0: the verdict rows from the target's measurements and the reference's files."""
-    from launch import preflight_checks as pc
-    from train.context import layout_of
-
     ref = _read(pf_dir / REFERENCE_FILE)
     reshard = _read(pf_dir / RESHARD_FILE)
     zero = sorted(k for k, v in m["grad_sums"].items() if v == 0.0)
@@ -450,8 +446,7 @@ def main(argv: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = No
         print("usage: python -m train.preflight_worker PREFLIGHT_DIR [--reference]", file=sys.stderr)
         return 2
     pf_dir = Path(args[0]).absolute()
-    from launch import dist_env
-    from launch.compose import load_job
+    from launch.compose import load_job  # Hydra: here, not in the checkpoint helpers that re-import this module
 
     job = load_job(RunPaths.of(pf_dir).config)
     opts = read_options(pf_dir)

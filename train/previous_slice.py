@@ -11,15 +11,16 @@ tell a TIMEOUT from a kill).
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
 from analysis.slice_end import previous_attempt, previous_timeout_line, unanswered_timeout
 from launch.kinds import EventKind
 from recovery.events import read_events
 from recovery.slurm import Runner, Slurm, default_runner
+from train.context import RankContext
 
 
-def note_previous_slice(ctx: Any, resume_step: Optional[int], runner: Runner = default_runner) -> Optional[dict]:
+def note_previous_slice(ctx: RankContext, resume_step: Optional[int], runner: Runner = default_runner) -> Optional[dict]:
     """On rank 0 of a Slurm attempt: the ``previous_slice_timeout`` event it wrote, or None."""
     if not (ctx.is_first and ctx.job_id):
         return None

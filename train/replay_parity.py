@@ -17,7 +17,8 @@ from typing import Any, Optional
 from launch.kinds import EventKind
 from recovery.events import read_events
 from recovery.replay import MAX_ROLLBACKS, Logged, ReplayCheck, Verdict, expectation, logged_steps
-from train.context import broadcast, layout_of
+from train.checkpointer import Checkpointer
+from train.context import RankContext, broadcast, layout_of
 
 # what trains other numbers when it changes (then nothing is compared): the optimisation recipe
 RECIPE_FIELDS = ("global_batch_size", "lr", "min_lr", "lr_warmup_iters", "lr_decay_style", "weight_decay",
@@ -49,7 +50,7 @@ def recipe_of(job: Any) -> str:
 class ReplayParity:
     """One attempt's replay check (every rank holds one; rank 0 also holds the whole logged table)."""
 
-    def __init__(self, ctx: Any, state: Any) -> None:
+    def __init__(self, ctx: RankContext, state: Any) -> None:
         self.ctx = ctx
         r = ctx.job.training.replay
         self.limit, self.rtol, self.configured = int(r.check_steps), float(r.rtol), r.on_mismatch
@@ -110,7 +111,7 @@ class ReplayParity:
             return "stop"
         return v.policy
 
-    def rollback(self, ckpt: Any, state: Any) -> Optional[Any]:
+    def rollback(self, ckpt: Checkpointer, state: Any) -> Optional[Any]:
         """Quarantine the checkpoint this replay started from, load the previous verified one and replay again;
         None (then stop) when there is none."""
         back = ckpt.replay_rollback(state, self.detail)

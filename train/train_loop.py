@@ -31,11 +31,16 @@ from megatron.core.optimizer import get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
+from analysis import flops as aflops
 from analysis.spend import stop_text
 from launch.config import Job, ParallelismConfig, TrainingConfig
 from launch.kinds import EventKind
-from train import memory, nan_guard
+from train import hf_bridge, megatron_model, memory, nan_guard
+from train.checkpointer import Checkpointer
+from train.context import RankContext
+from train.cpu_shim import patch_missing_te_symbols
 from train.data import SampleSource, step_batches
+from train.megatron_model import to_ddp_config, to_optimizer_config
 
 
 class InjectedFailure(RuntimeError):
@@ -113,8 +118,6 @@ def seed_step(seed: int, step: int) -> None:
 def wrap_ddp(chunks: List[torch.nn.Module], config: Any, parallelism: ParallelismConfig) -> List[DistributedDataParallel]:
     """Megatron DDP around each chunk (:func:`train.megatron_model.to_ddp_config`); bucketing only on
     chunk 0, and the schedule's sync hooks set as Megatron-LM's ``training.py`` sets them."""
-    from train.megatron_model import to_ddp_config
-
     ddp_config = to_ddp_config(parallelism)
     wrapped = [
         DistributedDataParallel(config=config, ddp_config=ddp_config, module=c, disable_bucketing=i > 0)
@@ -132,8 +135,6 @@ def wrap_ddp(chunks: List[torch.nn.Module], config: Any, parallelism: Parallelis
 
 def build_optimizer(training: TrainingConfig, chunks: List[Any], parallelism: ParallelismConfig) -> Any:
     """Megatron's optimizer as :func:`train.megatron_model.to_optimizer_config` configures it."""
-    from train.megatron_model import to_optimizer_config
-
     return get_megatron_optimizer(to_optimizer_config(training, parallelism), chunks)
 
 
@@ -164,14 +165,10 @@ def build_training(job: Job, iters: int, *, cuda: bool, device: torch.device,
     The worker and the preflight both build through here, so the preflight checks exactly
     what the job will train: same translator, same seeding, same layout-independent init.
     """
-    from train import megatron_model
-
     p, t = job.parallelism, job.training
     config = megatron_model.to_transformer_config(job.model, p, t, cuda=cuda)
     use_te = cuda and megatron_model.have_transformer_engine()
-    if not megatron_model.have_transformer_engine():
-        from train.cpu_shim import patch_missing_te_symbols  # the MoE router without TE
-
+    if not megatron_model.have_transformer_engine():  # the MoE router without TE
         patch_missing_te_symbols()
     if p.tp_comm_overlap:
         if not use_te:  # train.versions refuses it without TE; the job check on cluster.gpu=cpu
@@ -181,8 +178,6 @@ def build_training(job: Job, iters: int, *, cuda: bool, device: torch.device,
     chunks = megatron_model.build_model_chunks(job.model, config, p.tp, use_te=use_te, device=device)
     megatron_model.init_layout_independent(chunks, job.model, t.seed)
     if hf_weights is not None:  # training.init_from=hf:DIR at step 0: before DDP and the optimizer copy the weights
-        from train import hf_bridge
-
         hf_bridge.load_into(chunks, job.model, hf_weights, megatron_model.padded_vocab_size(job.model, p.tp))
     chunks = wrap_ddp(chunks, config, p)
     optimizer = build_optimizer(t, chunks, p)
@@ -360,7 +355,7 @@ def format_iteration(
 class Meter:
     """Counts skipped and NaN steps and reports each logged step: an ``iteration`` event and Megatron's line."""
 
-    def __init__(self, ctx: Any, optimizer: Any, iters: int) -> None:
+    def __init__(self, ctx: RankContext, optimizer: Any, iters: int) -> None:
         self.ctx, self.optimizer, self.iters = ctx, optimizer, iters
         self.counters = Counters()
         self.flops_per_step, self.peak_flops = throughput_model(ctx)
@@ -408,13 +403,10 @@ def loss_scale(optimizer: Any) -> float:
     return float(getattr(optimizer, "get_loss_scale", lambda: torch.tensor(1.0))().item())
 
 
-def throughput_model(ctx: Any) -> tuple[Optional[float], Optional[float]]:
+def throughput_model(ctx: RankContext) -> tuple[Optional[float], Optional[float]]:
     """(FLOPs per global step, peak FLOP/s per device or None on CPU), for the log's TFLOP/s and MFU fields."""
     job = ctx.job
     try:
-        from analysis import flops as aflops
-        from train import megatron_model
-
         flops = aflops.num_floating_point_operations(
             job.model, job.training.global_batch_size,
             padded_vocab_size=megatron_model.padded_vocab_size(job.model, job.parallelism.tp))
@@ -437,7 +429,7 @@ class LoopResult:
     steps_run: int = 0  # steps this attempt trained (replayed ones included)
 
 
-def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, state: TrainState,
+def run_loop(ctx: RankContext, parts: TrainingParts, ckpt: Checkpointer, source: SampleSource, state: TrainState,
              iters: int, valid: Optional[SampleSource] = None, judge: Any = None, live: Any = None,
              nan_hooks: Any = None, replay: Any = None, budget: Any = None) -> LoopResult:
     """Train from ``state`` to ``iters``; at every step boundary all ranks agree on a stop first.
@@ -550,7 +542,7 @@ def run_loop(ctx: Any, parts: TrainingParts, ckpt: Any, source: SampleSource, st
     return result("completed")
 
 
-def validate(ctx: Any, parts: TrainingParts, valid: SampleSource, nmb: int, step: int) -> float:
+def validate(ctx: RankContext, parts: TrainingParts, valid: SampleSource, nmb: int, step: int) -> float:
     """Evaluate, then log the Megatron block, a ``validation`` event and the TensorBoard scalars."""
     loss = evaluate(ctx.job, parts.chunks, valid, nmb, ctx.device)
     ctx.log(format_validation(step, loss))

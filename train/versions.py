@@ -31,6 +31,9 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from launch.kinds import EventKind
+from launch.paths import RunPaths
+from recovery.events import EventLog
+from recovery.policy import EXIT_UNSUPPORTED, restart_count_from_env
 
 # distribution name -> tested range; pyproject.toml's [train] extra says the same (a test checks)
 SUPPORTED = {
@@ -144,9 +147,6 @@ def refuse_unsupported(run_dir: Path, env: Mapping[str, str], precision: str = "
     line = refusal(precision, tp_comm_overlap, **probes)
     if line is None:
         return None
-    from launch.paths import RunPaths
-    from recovery.events import EventLog
-    from recovery.policy import EXIT_UNSUPPORTED, restart_count_from_env
 
     print(line, file=out or sys.stderr, flush=True)
     rank = _rank(env)

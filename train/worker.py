@@ -9,9 +9,12 @@ builds the model, resumes and trains (:mod:`train.train_loop`, with a
 :class:`train.checkpointer.Checkpointer` for every save). A stop signal only sets a flag; at the next step
 boundary all ranks agree, save, commit, and exit 42 after rank 0 asked for a requeue.
 
-Exit codes (:mod:`recovery.policy`): 0 completed, 42 checkpointed on a stop signal and
-requeue requested, 3 zero-progress guard, 4 max restarts, 1 crash (or a refused checkpoint),
-11 stopped on a NaN, 16 the budget is spent (checkpointed), 17 out of GPU memory. A hang is ended by the rank's watcher (:mod:`recovery.watchdog`): SIGKILL.
+Exit codes: the one table is :data:`recovery.exit_codes.EXIT_CODES` (name, code, final or not, meaning;
+``docs/recovery.md`` shows it). From it: 0 completed, 1 crash, 3 zero-progress guard, 4 max restarts, 5 no
+loadable checkpoint, 6 foreign checkpoint, 7 storage error, 8 disk full, 9 run locked, 10 unsupported software,
+11 stopped on a NaN, 12 unsafe checkpoint, 13 shared checkpoint, 14 bad config, 15 checkpoint mismatch, 16 replay
+mismatch, 17 the budget is spent (checkpointed), 18 out of GPU memory, 42 checkpointed on a stop signal and requeue
+requested. A hang is ended by the rank's watcher (:mod:`recovery.watchdog`): SIGKILL.
 
 Test hooks, environment switches read by :class:`train.context.Hooks` (never set them in production):
 
@@ -57,10 +60,37 @@ import sys
 import time
 from typing import Any, Mapping, Optional
 
+from launch import dist_env
 from launch.dist_env import PG_TIMEOUT_S
+from launch.hf_config import hf_dir
 from launch.kinds import EventKind
+from launch.paths import RunPaths
+from recovery import exclusion, policy
+from recovery import stop as stopping
+from recovery.events import EventLog, read_events
 from recovery.exit_codes import EXIT_CRASH
+from recovery.hang_report import Limits
+from recovery.policy import (
+    EXIT_BAD_CONFIG, EXIT_BUDGET, EXIT_COMPLETED, EXIT_NAN, EXIT_OOM, EXIT_REPLAY_MISMATCH, EXIT_STORAGE, FINAL_REASONS,
+    restart_count_from_env, slurm_restart_count,
+)
+from recovery.signals import StopFlag, ignore_stop_signals, install_handlers
+from recovery.start import Start
+from recovery.start_check import complete_line
+from recovery.startup_watch import StartupWatch
+from recovery.stop import Judge
+from recovery.watchdog import COLLECT_S, DUMP_WAIT_S, Heartbeat, hang_dir
+from train import budget as budgets
+from train import memory
+from train.checkpointer import Checkpointer, SaveFailed, announce, find_start, vet_resume
 from train.context import Hooks, HookedSource, RankContext, broadcast
+from train.previous_slice import note_previous_slice
+from train.replay_parity import ReplayParity, numerics_of, recipe_of
+from train.stragglers import LiveChecks
+
+# Imported where they are used: torch and Megatron-Core (train_loop, local_ckpt, data, megatron_ckpt, hf_bridge,
+# nan_guard), the composition and the tracking back-ends (Hydra: after the signal handlers are installed), and
+# train.distributed and train.versions, which main() imports in their order before anything imports torch.
 
 DIST_TIMEOUT_S = PG_TIMEOUT_S  # the job check compares the hang deadlines with it (launch/check_watch.py)
 
@@ -88,12 +118,7 @@ def main(argv: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = No
         print("usage: python -m train.worker RUN_DIR", file=sys.stderr)
         return 2
 
-    from launch import dist_env
     from launch.compose import load_job
-    from launch.paths import RunPaths
-    from recovery.events import EventLog
-    from recovery.policy import restart_count_from_env
-    from recovery.signals import StopFlag, ignore_stop_signals, install_handlers
 
     flag = StopFlag()
     install_handlers(flag)  # first: a signal during start-up is kept, not lost
@@ -134,9 +159,6 @@ def _load_run(run_dir: str, env: Mapping[str, str], load_job: Any) -> Any:
     (a filesystem not mounted on this node) or a ``config.yaml`` that cannot be read back into a job."""
     from pathlib import Path
 
-    from launch.paths import RunPaths
-    from recovery.policy import EXIT_BAD_CONFIG, EXIT_STORAGE
-
     where = Path(run_dir)
     if not where.is_dir():
         what = "is not a directory" if where.exists() else "does not exist"
@@ -158,10 +180,6 @@ def _load_run(run_dir: str, env: Mapping[str, str], load_job: Any) -> Any:
 
 def _record_refusal(events_path: Any, env: Mapping[str, str], reason: str, code: int, detail: str) -> None:
     """Rank 0 records a refusal before a job exists (``stop``/``exit``), so the crash requeue sees a final stop."""
-    from launch import dist_env
-    from recovery.events import EventLog
-    from recovery.policy import restart_count_from_env
-
     try:
         if dist_env.from_env(env).rank != 0:
             return
@@ -174,9 +192,6 @@ def _record_refusal(events_path: Any, env: Mapping[str, str], reason: str, code:
 
 def _start_watchdog(ctx: RankContext) -> Any:
     """This rank's hang watcher (:mod:`recovery.watchdog`), unless ``training.watchdog.enabled=false``."""
-    from recovery.hang_report import Limits
-    from recovery.watchdog import Heartbeat
-
     if not ctx.job.training.watchdog.enabled:
         return Heartbeat.disabled()
     try:
@@ -200,7 +215,6 @@ def _run_reporting(ctx: RankContext) -> int:
     except BaseException as e:  # report every failure, then let the code say crash
         import traceback
 
-        from train.checkpointer import SaveFailed
         from train.megatron_ckpt import UnsafeCheckpoint
 
         # the filesystem refused a save, or a checkpoint to load holds a pickle that could run code:
@@ -217,7 +231,6 @@ def _run_reporting(ctx: RankContext) -> int:
             return int(stop["code"])
         if type(e).__name__ == "CheckpointMismatch":  # this job cannot load the run's checkpoint: final, one line
             return _refuse_mismatch(ctx, str(e))
-        from train import memory
 
         if memory.is_oom(e):  # a deterministic OOM does not fix itself on a requeue: forensics, then a final stop
             return _oom_stop(ctx, e)
@@ -235,10 +248,6 @@ def _run_reporting(ctx: RankContext) -> int:
 def _oom_stop(ctx: RankContext, e: BaseException) -> int:
     """This rank ran out of GPU memory: write the forensics under ``<run_dir>/oom/`` (:mod:`train.memory`), record a
     final ``oom`` stop from this rank (rank 0 may be a healthy peer whose collective breaks next) and exit 18."""
-    from recovery.events import EventLog
-    from recovery.policy import EXIT_OOM
-    from train import memory
-
     t = ctx.job.training
     mem = memory.sample(bool(ctx.cuda))
     files: list = []
@@ -266,9 +275,6 @@ def _broken_by_the_stop_signal(ctx: RankContext, e: BaseException, make_judge: A
     the newest checkpoint: no stop checkpoint was made), a cancel ends the run. Returns None (a crash, as
     before) when no such signal came or Slurm explains nothing; other ranks write nothing and exit 1."""
     import signal as signals
-
-    from recovery import policy
-    from recovery import stop as stopping
 
     signum = ctx.flag.signum
     if signum not in (signals.SIGTERM, signals.SIGINT) or not ctx.job_id:
@@ -300,7 +306,6 @@ def _hang_declared(ctx: RankContext) -> bool:
     """Has a hang watchdog declared a hang in this attempt (its ``trigger.json``)?"""
     if not ctx.job.training.watchdog.enabled:
         return False
-    from recovery.watchdog import hang_dir
 
     return (hang_dir(ctx.paths.hangs, ctx.job_id, ctx.restart) / "trigger.json").exists()
 
@@ -309,10 +314,6 @@ def _leave_to_the_watchdog(ctx: RankContext, e: BaseException) -> int:
     """This rank failed while the watchdogs handle a declared hang (a collective broke because the hung peer
     died during its stack dump): the hang is the cause, and rank 0's watcher records it (``hang``, ``stop``,
     ``exit``). No ``crash`` stop is recorded; the rank waits for its watcher to end it as it ends every rank."""
-    import time
-
-    from recovery.watchdog import COLLECT_S, DUMP_WAIT_S
-
     ctx.log(f"this rank failed ({type(e).__name__}) after the hang watchdog declared a hang in this attempt; "
             f"the watchdog records the stop (see {ctx.paths.hangs})")
     time.sleep(COLLECT_S + 2 * DUMP_WAIT_S)  # the watcher kills this rank once the reports are collected
@@ -339,16 +340,14 @@ def _run(ctx: RankContext) -> int:
 def _train(ctx: RankContext) -> int:
     """Resume or start, train to the end or to a stop signal, and say how this attempt ends."""
     from train import train_loop
-    from train.checkpointer import find_start
 
     job = ctx.job
     iters = train_loop.train_iters(job)
     ctx.phase(f"{ctx.world} rank(s) joined ({'cuda' if ctx.cuda else 'cpu'}, layout {job.layout_label}-dp{job.dp}); rank 0 looks for "
               f"the newest verified checkpoint in {ctx.paths.checkpoints}")
     start = find_start(ctx)  # rank 0 searches and decides, every rank follows
-    if not start.ok and start.decision["reason"] == "run_locked":
+    if not start.ok and start.decision.reason == "run_locked":
         return _refuse_locked(ctx, start)
-    from train.replay_parity import numerics_of, recipe_of
 
     ctx.emit(EventKind.JOB_START, world_size=ctx.world, layout=ctx.layout,
              layout_label=f"{job.layout_label}-dp{job.dp}", train_iters=iters, nodes=ctx.dist.nodes,
@@ -364,12 +363,11 @@ def _train(ctx: RankContext) -> int:
             watch.stop()
 
 
-def _note_previous_slice(ctx: RankContext, start) -> None:
+def _note_previous_slice(ctx: RankContext, start: Start) -> None:
     """Rank 0: the slice before this one ended TIMEOUT without a word is a WARNING and a ``previous_slice_timeout``
     event with the steps lost (:mod:`train.previous_slice`); this slice trains on either way."""
     if not (ctx.is_first and ctx.job_id):
         return
-    from train.previous_slice import note_previous_slice
 
     try:
         note_previous_slice(ctx, start.resume.step)
@@ -382,8 +380,6 @@ def _startup_watch(ctx: RankContext) -> Any:
     the job at once, without saving (:mod:`recovery.startup_watch`)."""
     if not (ctx.is_first and ctx.job_id and ctx.job.cluster.requeue_allowed):
         return None
-    from recovery import policy
-    from recovery.startup_watch import StartupWatch
 
     def requeue_now(signum: int) -> None:
         dec = _judge(ctx).decide(signum, False)
@@ -398,14 +394,12 @@ def _startup_watch(ctx: RankContext) -> Any:
     return StartupWatch(ctx.flag, requeue_now).start()
 
 
-def _train_started(ctx: RankContext, start, iters: int, watch: Any = None) -> int:
+def _train_started(ctx: RankContext, start: Start, iters: int, watch: Any = None) -> int:
     """The run lock is held and the start decided: load, build, and train."""
     if ctx.hooks.startup_sleep_s > 0:  # test hook: a start-up slower than the slice allows
         time.sleep(ctx.hooks.startup_sleep_s)
-    from train import local_ckpt, tracking, train_loop
-    from train.checkpointer import Checkpointer, vet_resume
+    from train import local_ckpt, tracking, train_loop  # torch; tracking: launch.config (Hydra)
     from train.data import build_source, build_validation_source, describe, describe_line
-    from train.replay_parity import ReplayParity
 
     job, t = ctx.job, ctx.job.training
     from train.data import start_refusal
@@ -414,9 +408,6 @@ def _train_started(ctx: RankContext, start, iters: int, watch: Any = None) -> in
         return _refuse_data(ctx, refused)
     vet_resume(ctx, start)
     if start.resume.step is not None and start.resume.step >= iters:  # nothing to train: no model, no data
-        from recovery.policy import EXIT_COMPLETED
-        from recovery.start_check import complete_line
-
         ctx.log(complete_line(start.resume.step, iters, job.run.name).replace("no rank started", "nothing built"))
         ctx.emit(EventKind.EXIT, reason="completed", code=EXIT_COMPLETED, step=start.resume.step)
         return EXIT_COMPLETED
@@ -472,8 +463,6 @@ def _train_started(ctx: RankContext, start, iters: int, watch: Any = None) -> in
     judge = _judge(ctx) if ctx.is_first else None
     replay = ReplayParity(ctx, state)
     ckpt.hold_saves = replay.pending
-    from train import budget as budgets
-    from train import memory
 
     memory.start_history(bool(ctx.cuda), t.oom_snapshot)
 
@@ -498,27 +487,21 @@ def _train_started(ctx: RankContext, start, iters: int, watch: Any = None) -> in
             ctx.tracker = None
 
 
-def _finish(ctx: RankContext, ckpt, parts, result, judge=None) -> int:
+def _finish(ctx: RankContext, ckpt: Checkpointer, parts, result, judge=None) -> int:
     """After a stop: requeue or end as rank 0's judge decided; else save the final checkpoint and say the run
     completed."""
-    from recovery.policy import EXIT_COMPLETED
-
     if ctx.hooks.param_digest:
         print(f"parameter digest rank {ctx.rank}: {param_digest(parts.chunks)}", flush=True)
     if result.reason != "completed":
         ckpt.close()  # an asynchronous save in flight is made durable before the stop (a stop's save did it)
 
     if result.reason == "nan":
-        from recovery.policy import EXIT_NAN
-
         ctx.emit(EventKind.STOP, reason="nan", code=EXIT_NAN, detail=result.detail)
         ctx.emit(EventKind.EXIT, reason="nan", code=EXIT_NAN, step=result.state.step)
         ctx.log(f"stopping: {result.detail}; nothing non-finite was applied or saved; not requeued")
         return EXIT_NAN
 
     if result.reason == "replay_mismatch":
-        from recovery.policy import EXIT_REPLAY_MISMATCH
-
         code = EXIT_REPLAY_MISMATCH
         ctx.emit(EventKind.STOP, reason="replay_mismatch", code=code, detail=result.detail[:2000])
         ctx.emit(EventKind.EXIT, reason="replay_mismatch", code=code, step=result.state.step)
@@ -527,8 +510,6 @@ def _finish(ctx: RankContext, ckpt, parts, result, judge=None) -> int:
         return code
 
     if result.reason == "budget":
-        from recovery.policy import EXIT_BUDGET
-
         ctx.emit(EventKind.STOP, reason="budget", code=EXIT_BUDGET, detail=result.detail, step=result.state.step)
         ctx.emit(EventKind.EXIT, reason="budget", code=EXIT_BUDGET, step=result.state.step)
         ctx.log(f"stopping: {result.detail}")
@@ -546,8 +527,6 @@ def _live_checks(ctx: RankContext) -> Any:
     """The straggler and throughput checks (:mod:`train.stragglers`); collective: every rank builds one."""
     import torch
     import torch.distributed as dist
-
-    from train.stragglers import LiveChecks
 
     hosts = [None] * ctx.world
     dist.all_gather_object(hosts, _host(ctx))
@@ -576,7 +555,6 @@ def _live_summary(ctx: RankContext, result: Any, live: Any) -> None:
 
 def _warn_data_changed(ctx: RankContext, now: dict, step: int) -> None:
     """Rank 0, on resume: a data configuration other than the previous attempt's is a WARNING and an event."""
-    from recovery.events import read_events
     from train.data import data_changes
 
     before = [e for e in read_events(ctx.paths.events) if e.get("event") == EventKind.DATA]
@@ -589,8 +567,6 @@ def _warn_data_changed(ctx: RankContext, now: dict, step: int) -> None:
 
 def _refuse_data(ctx: RankContext, refused: dict) -> int:
     """The job's data or tokenizer cannot be used on this node: a final stop, one line, no traceback."""
-    from recovery.policy import FINAL_REASONS
-
     code = FINAL_REASONS[refused["reason"]]
     print(f"refused to start: {refused['detail']}", flush=True)
     ctx.emit(EventKind.STOP, reason=refused["reason"], code=code, detail=refused["detail"])
@@ -598,10 +574,8 @@ def _refuse_data(ctx: RankContext, refused: dict) -> int:
     return code
 
 
-def _hf_weights(ctx: RankContext, start) -> Any:
+def _hf_weights(ctx: RankContext, start: Start) -> Any:
     """``training.init_from=hf:DIR`` applies to a run with no checkpoint only: a resume loads the run's own."""
-    from launch.hf_config import hf_dir
-
     directory = hf_dir(ctx.job.training.init_from)
     if directory is None:
         return None
@@ -615,8 +589,6 @@ def _hf_weights(ctx: RankContext, start) -> Any:
 def _refuse_hf_weights(ctx: RankContext, detail: str) -> int:
     """The Hugging Face weights of training.init_from cannot initialise this model: a final stop on every rank
     (each read all the tensors, so all refuse together), one line, no traceback."""
-    from recovery.policy import FINAL_REASONS
-
     code = FINAL_REASONS["bad_config"]
     ctx.log(f"refused to start: training.init_from: {detail} (exit {code}; final: not relaunched or requeued)")
     ctx.emit(EventKind.STOP, reason="bad_config", code=code, detail=detail[:2000])
@@ -627,8 +599,6 @@ def _refuse_hf_weights(ctx: RankContext, detail: str) -> int:
 def _refuse_mismatch(ctx: RankContext, detail: str) -> int:
     """The run's checkpoint cannot be loaded by this job (the other optimizer type): a final stop on every rank
     (no relaunch, no requeue: another attempt would meet the same checkpoint), one line, no traceback."""
-    from recovery.policy import FINAL_REASONS
-
     code = FINAL_REASONS["checkpoint_mismatch"]
     ctx.log(f"refused to start: {detail} (exit {code}; final: not relaunched or requeued)")
     ctx.emit(EventKind.STOP, reason="checkpoint_mismatch", code=code, detail=detail[:2000])
@@ -636,33 +606,28 @@ def _refuse_mismatch(ctx: RankContext, detail: str) -> int:
     return code
 
 
-def _refuse_locked(ctx: RankContext, start) -> int:
+def _refuse_locked(ctx: RankContext, start: Start) -> int:
     """Another live attempt holds the run lock: this process is not the run's writer, so it writes nothing into
     the run (no event: the holder's event log, and the status and report read from it, stay the holder's). The
     refusal is this attempt's log line and its exit code."""
     dec = start.decision
     ctx.events.enabled = False  # nothing later in this process may write into the holder's event log either
-    ctx.log(f"not starting: {dec['reason']}: {dec['detail']} (nothing written to {ctx.paths.events.name})")
-    return int(dec["code"])
+    ctx.log(f"not starting: {dec.reason}: {dec.detail} (nothing written to {ctx.paths.events.name})")
+    return int(dec.code)
 
 
-def _refuse_start(ctx: RankContext, start) -> int:
+def _refuse_start(ctx: RankContext, start: Start) -> int:
     """The requeue policy said no (zero progress, too many restarts): say why, exit with its code."""
-    from train.checkpointer import announce
-
     announce(ctx, start)
     dec = start.decision
-    ctx.emit(EventKind.STOP, reason=dec["reason"], code=dec["code"], detail=dec["detail"])
-    ctx.emit(EventKind.EXIT, reason=dec["reason"], code=dec["code"], step=start.resume.step)
-    ctx.log(f"not starting: {dec['reason']}: {dec['detail']}")
-    return int(dec["code"])
+    ctx.emit(EventKind.STOP, reason=dec.reason, code=dec.code, detail=dec.detail)
+    ctx.emit(EventKind.EXIT, reason=dec.reason, code=dec.code, step=start.resume.step)
+    ctx.log(f"not starting: {dec.reason}: {dec.detail}")
+    return int(dec.code)
 
 
 def _judge(ctx: RankContext):
     """Rank 0's stop judge: polls the drain request file, asks Slurm who stopped the job (recovery/stop.py)."""
-    from recovery.policy import slurm_restart_count
-    from recovery.stop import Judge
-
     # Slurm's own count (not this step's, which adds the in-job relaunches): "Slurm already requeued the job"
     # compares it with scontrol's Restarts=
     return Judge(ctx.env, restart_count=slurm_restart_count(ctx.env), lead_s=ctx.job.training.signal_lead_time_s,
@@ -674,9 +639,6 @@ def _after_stop(ctx: RankContext, result, judge) -> int:
     rank follows. A requeue (preemption, time limit, node failure, ``scancel --signal=USR2``) exits 42
     after ``scontrol requeue``; the user's cancel or drain, or a stop Slurm cannot explain, ends the job
     (exit 0) and is not requeued."""
-    from recovery import policy
-    from recovery import stop as stopping
-
     step = result.state.step
     dec = broadcast(judge.decide(result.signum, result.requested).as_dict() if judge is not None else None)
     ctx.emit(EventKind.STOP, reason=dec["reason"], requeue=dec["requeue"], evidence=dec["evidence"], step=step,
@@ -705,8 +667,6 @@ def _after_stop(ctx: RankContext, result, judge) -> int:
 def _exclude_recorded_nodes(ctx: RankContext) -> None:
     """Rank 0, right after its own ``scontrol requeue``: keep recorded bad nodes out of the next
     attempt (Slurm accepts an ExcNodeList update only once the job is pending again)."""
-    from recovery import exclusion
-
     hosts = exclusion.recorded_hosts(ctx.paths.run_dir)
     if hosts and ctx.job_id and ctx.job.cluster.requeue_allowed:
         r = exclusion.set_excluded(ctx.job_id, hosts, exclusion.default_runner)
@@ -717,8 +677,6 @@ def _requeue_away_from_faulty_node(ctx: RankContext, text: str) -> int:
     """A crash that names a hardware fault of this node (ECC, Xid, NVLink, IB) records the node
     and requeues the job without it; any other crash stays a crash (a Python error on a healthy
     rank usually comes from a peer, and must not blame this node)."""
-    from recovery import exclusion, policy
-
     why = exclusion.hardware_fault(text)
     job_id = ctx.job_id
     if not (why and job_id and ctx.job.cluster.requeue_allowed):
