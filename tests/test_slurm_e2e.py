@@ -9,8 +9,10 @@ loop. Every test asserts what Slurm reports (``sacct -D`` states, ``Restarts``, 
 
 The scenarios are independent (distinct run directories; each job fills its 2 nodes' CPUs,
 so two jobs never share a node), so they run two at a time in threads (the machine has 2
-cores: 2 concurrent 4-rank trainings is the most it holds). Tests wait on their scenario's
-result; the actions live in the scenarios, the assertions in the tests.
+cores: 2 concurrent 4-rank trainings is the most it holds). Beside them a light lane runs,
+also two at a time, the scenarios that mostly wait (a start-up that sleeps past its slice,
+one-rank runs that sleep through their steps) on the cluster's other nodes. Tests wait on
+their scenario's result; the actions live in the scenarios, the assertions in the tests.
 """
 from __future__ import annotations
 
@@ -400,6 +402,30 @@ def budget(cluster: Cluster, d: Path) -> Run:
     return run
 
 
+def slow_start(cluster: Cluster, d: Path) -> Run:
+    """The first slice's start-up is made (test hook) to outlast its 3-minute slice, so the time-limit warning
+    arrives before any step; rank 0 requeues at once without saving, and the next slice trains the run to the end.
+    Without that, the slice would end TIMEOUT, which ``--requeue`` does not requeue: the run would stop silently."""
+    slow_first = ("cluster.setup=['[ -n \"$SLURM_RESTART_COUNT\" ] || "
+                  "export SLURMTRON_TEST_STARTUP_SLEEP_S=400']")  # longer than the 180 s slice
+    return finish(cluster, submit(cluster, d / "slowstart", "parallelism=tp2", "run.time_limit_min=3",
+                                  "training.signal_lead_time_s=30", slow_first), timeout=600)
+
+
+SLICE_ITERS = 20  # at 2 s a step, more than one 1-minute slice holds (start-up + signal lead take the rest)
+
+
+def slices(cluster: Cluster, d: Path) -> Run:
+    """One rank, a 1-minute time limit, 2 s per step, checkpoints only at stops: the run reaches its step over
+    several slices, each carried by the warning signal's save (``--signal=USR2@lead``) and rank 0's requeue.
+    zero_progress_restarts=6: on a loaded machine a slice can spend its minute starting up (the guard has its own
+    tests)."""
+    return finish(cluster, submit(cluster, d / "slices", "cluster.nodes=1", "cluster.gpus_per_node=1",
+                                  "parallelism=tp1", "run.time_limit_min=1", "training.signal_lead_time_s=15",
+                                  f"training.train_iters={SLICE_ITERS}", "training.checkpoint_interval=1000",
+                                  "training.zero_progress_restarts=6", f"{SLEEP}=2"), timeout=450)
+
+
 def report_rows(cluster: Cluster, run: Run, out: Path) -> List[Dict[str, str]]:
     """analysis/report.py on the run (with its sacct -D dump beside it): the rows of interruptions.csv."""
     import csv
@@ -434,7 +460,10 @@ SCENARIOS: Dict[str, Callable[[Cluster, Path], object]] = {  # two at a time, in
     "slow_cancel": slow_cancel,
     "budget": budget,
     "in_job": in_job,
+    "slow_start": slow_start,
+    "slices": slices,
 }
+LIGHT = ("slow_start", "slices", "budget")  # mostly waiting: their own lane, beside the trainings above
 
 
 NEEDS = {  # test -> the scenarios it reads; only those of the selected tests run (-k works)
@@ -456,6 +485,8 @@ NEEDS = {  # test -> the scenarios it reads; only those of the selected tests ru
     "test_status_after_a_drain_says_stopped_and_how_to_continue": ["drain"],
     "test_in_job_crash_lost_node_and_hang_continue_in_the_same_job_with_equal_losses": ["in_job", "completes"],
     "test_budget_stop_is_final_with_a_checkpoint_and_a_resubmission_is_refused": ["budget"],
+    "test_a_slice_whose_start_up_outlasts_the_slice_requeues_and_the_chain_continues": ["slow_start"],
+    "test_run_longer_than_its_time_limit_finishes_over_slices_without_lost_progress": ["slices"],
 }
 
 
@@ -464,13 +495,16 @@ def scenarios(request: pytest.FixtureRequest, slurm_cluster: Cluster,
               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Future]]:
     selected = {item.name for item in request.session.items if item.module is request.module}
     wanted = {name for test in selected for name in NEEDS.get(test, [])}
-    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="scenario")
-    futures = {name: pool.submit(fn, slurm_cluster, tmp_path_factory.mktemp(name))
-               for name, fn in SCENARIOS.items() if name in wanted}
+    pools = {lane: ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"{lane}-scenario")
+             for lane in ("training", "light")}
+    order = [n for n in LIGHT if n in wanted] + [n for n in SCENARIOS if n in wanted and n not in LIGHT]
+    futures = {name: pools["light" if name in LIGHT else "training"].submit(
+        SCENARIOS[name], slurm_cluster, tmp_path_factory.mktemp(name)) for name in order}
     try:
         yield futures
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        for pool in pools.values():
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def result(scenarios: Dict[str, Future], name: str) -> Run:
@@ -867,3 +901,41 @@ def test_budget_stop_is_final_with_a_checkpoint_and_a_resubmission_is_refused(sc
     assert "raise it to continue the run: run.budget_gpu_hours=" in again.stderr, again.stderr
     assert len((run.dir / "submissions.jsonl").read_text().splitlines()) == 1
     assert run.seen["jobs_after"] == [], run.seen["jobs_after"]
+
+
+def test_a_slice_whose_start_up_outlasts_the_slice_requeues_and_the_chain_continues(
+        scenarios: Dict[str, Future]) -> None:
+    run = result(scenarios, "slow_start")
+    assert states(run) == ["REQUEUED", "COMPLETED"], run.logs()
+    first = [e for e in run.events() if e.get("restart_count") == 0]
+    assert not [e for e in first if e["event"] == "iteration"], "the slow slice must not have trained"
+    [stop] = [e for e in first if e["event"] == "stop"]
+    assert stop["reason"] == "time_limit" and stop["saved"] is False, stop
+    assert "during start-up, before the first step" in stop["evidence"]
+    assert [e["method"] for e in first if e["event"] == "requeue"][:1] == ["scontrol"]
+    assert run.step_reached() == ITERS and [e["reason"] for e in run.of("exit")][-1] == "completed", run.logs()
+
+
+def test_run_longer_than_its_time_limit_finishes_over_slices_without_lost_progress(
+        scenarios: Dict[str, Future]) -> None:
+    run = result(scenarios, "slices")
+    diag = "\n".join(json.dumps(r) for r in run.sacct) + "\n" + run.logs()
+    assert run.final == "COMPLETED", diag
+    events = run.events()
+    steps = [e["step"] for e in events if e["event"] == "iteration"]
+    # every step trained exactly once over all slices: nothing lost, nothing repeated
+    assert sorted(steps) == list(range(1, SLICE_ITERS + 1)) and len(steps) == SLICE_ITERS, diag
+    attempts = sorted({e["restart_count"] for e in events if e["event"] == "job_start"})
+    assert len(attempts) >= 2, diag  # it did not fit one slice
+    # each slice starts where the newest save before it left off (a slice that spent its minute starting up
+    # saves nothing new, and the next one starts at the same step: seen at load average 22)
+    newest, resumes = None, []
+    for e in events:
+        if e["event"] == "checkpoint_saved":
+            assert e.get("reason") in ("signal", "final"), diag  # checkpoint_interval=1000: only stops and the end
+            newest = e["step"]
+        elif e["event"] == "resume":
+            resumes.append((e["step"], newest))
+    assert resumes and all(step == want for step, want in resumes), (resumes, diag)
+    assert [e["step"] for e in events if e["event"] == "train_end"] == [SLICE_ITERS]
+    assert sum(r["State"].startswith("REQUEUED") for r in run.sacct) == len(attempts) - 1, diag
