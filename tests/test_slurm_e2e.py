@@ -292,7 +292,7 @@ def user_cancel(cluster: Cluster, d: Path) -> Run:
     """TP2 x DP2; after the step-10 checkpoint the user runs ``scancel <jobid>``."""
     run = submit(cluster, d / "cancel", "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=0.5")
     wait_step(run, 12)
-    # the step-10 save durable first: its asynchronous write is not this test's subject (test_slurm_async_save.py),
+    # the step-10 save durable first: its asynchronous write is not this test's subject (the async_requeue scenario),
     # and waiting for it inside the 5 s KillWait would leave less for the stop checkpoint on a loaded machine
     wait_committed(run, 10)
     run.seen["cancelled_at"] = time.time()
@@ -426,6 +426,52 @@ def slices(cluster: Cluster, d: Path) -> Run:
                                   "training.zero_progress_restarts=6", f"{SLEEP}=2"), timeout=450)
 
 
+ASYNC_ITERS = 10
+
+
+def async_requeue(cluster: Cluster, d: Path) -> Run:
+    """One node x 2 ranks with asynchronous saves; while the first save is in flight the user asks for "checkpoint
+    and requeue now". The writers wait 8 s: the USR2 must reach the ranks (scancel, slurmctld, slurmd, slurmstepd)
+    and be agreed at a step boundary while the save is still in flight, also on a loaded machine where each hop
+    takes seconds."""
+    run = submit(cluster, d / "asyncstop", "cluster.nodes=1", "run.time_limit_min=5", "training.async_save=true",
+                 f"training.train_iters={ASYNC_ITERS}", "training.checkpoint_interval=3", f"{SLEEP}=1",
+                 "+cluster.env.SLURMTRON_TEST_ASYNC_WRITE_SLEEP_S=8")
+    wait_until(lambda: bool(run.of("checkpoint_async_started")), TRAIN_TIMEOUT,
+               f"job {run.job_id} to start an asynchronous save", interval=0.3)
+    cluster.run("scancel", "--signal=USR2", run.job_id)
+    return finish(cluster, run)
+
+
+def status_json(cluster: Cluster, run_dir: Path) -> dict:
+    proc = subprocess.run([PY, str(REPO / "launch" / "status.py"), str(run_dir), "--json"], capture_output=True,
+                          text=True, timeout=120, env=cluster.env)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def watched(cluster: Cluster, d: Path) -> Run:
+    """``launch/status.py`` follows one tiny run: pending (held by ``--begin``), running, then completed, through
+    the same command a user types."""
+    run = submit(cluster, d / "watched", "parallelism=tp2", "run.time_limit_min=10",
+                 "+cluster.sbatch_extra.begin=now+1hour", f"{SLEEP}=0.5", "cluster.gpu_hour_price=3")
+    run.seen["pending"] = status_json(cluster, run.dir)
+    cluster.run("scontrol", "update", f"JobId={run.job_id}", "StartTime=now")
+    seen: dict = {}
+
+    def running_with_steps() -> bool:
+        seen.update(status_json(cluster, run.dir))
+        return seen["state"] == "running" and (seen["step"] or 0) >= 2
+
+    wait_until(running_with_steps, TRAIN_TIMEOUT, f"job {run.job_id} to run some steps", interval=2)
+    run.seen["running"] = dict(seen)
+    finish(cluster, run)
+    run.seen["completed"] = status_json(cluster, run.dir)
+    run.seen["text"] = subprocess.run([PY, str(REPO / "launch" / "status.py"), str(run.dir)], capture_output=True,
+                                      text=True, timeout=120, env=cluster.env).stdout
+    return run
+
+
 def report_rows(cluster: Cluster, run: Run, out: Path) -> List[Dict[str, str]]:
     """analysis/report.py on the run (with its sacct -D dump beside it): the rows of interruptions.csv."""
     import csv
@@ -462,8 +508,10 @@ SCENARIOS: Dict[str, Callable[[Cluster, Path], object]] = {  # two at a time, in
     "in_job": in_job,
     "slow_start": slow_start,
     "slices": slices,
+    "async_requeue": async_requeue,
+    "watched": watched,
 }
-LIGHT = ("slow_start", "slices", "budget")  # mostly waiting: their own lane, beside the trainings above
+LIGHT = ("slow_start", "slices", "async_requeue", "watched", "budget")  # mostly waiting: their own lane, beside the trainings above
 
 
 NEEDS = {  # test -> the scenarios it reads; only those of the selected tests run (-k works)
@@ -487,6 +535,8 @@ NEEDS = {  # test -> the scenarios it reads; only those of the selected tests ru
     "test_budget_stop_is_final_with_a_checkpoint_and_a_resubmission_is_refused": ["budget"],
     "test_a_slice_whose_start_up_outlasts_the_slice_requeues_and_the_chain_continues": ["slow_start"],
     "test_run_longer_than_its_time_limit_finishes_over_slices_without_lost_progress": ["slices"],
+    "test_user_requeue_during_an_async_write_waits_saves_and_resumes": ["async_requeue"],
+    "test_status_follows_a_run_from_pending_to_completed": ["watched"],
 }
 
 
@@ -939,3 +989,44 @@ def test_run_longer_than_its_time_limit_finishes_over_slices_without_lost_progre
     assert resumes and all(step == want for step, want in resumes), (resumes, diag)
     assert [e["step"] for e in events if e["event"] == "train_end"] == [SLICE_ITERS]
     assert sum(r["State"].startswith("REQUEUED") for r in run.sacct) == len(attempts) - 1, diag
+
+
+def test_user_requeue_during_an_async_write_waits_saves_and_resumes(scenarios: Dict[str, Future]) -> None:
+    run = result(scenarios, "async_requeue")
+    diag = "\n".join(json.dumps(r) for r in run.sacct) + "\n" + run.logs()
+    assert run.final == "COMPLETED", diag
+    events = run.events()
+    first = [e for e in events if e.get("restart_count") == 0]
+    [started] = [e["step"] for e in first if e["event"] == "checkpoint_async_started"]
+    [sig] = [e for e in first if e["event"] == "signal"]
+    assert sig["signal"] == "SIGUSR2" and sig["step"] >= started, diag
+    [wait] = [e for e in first if e["event"] == "checkpoint_wait"]
+    assert wait["step"] == started and wait["reason"] == "signal", diag
+    saved = [(e["step"], e.get("mode")) for e in first if e["event"] == "checkpoint_saved"]
+    assert saved[0] == (started, "async"), diag  # the save in flight became durable first ...
+    assert saved[-1][0] == sig["step"], diag  # ... then the stop step
+    assert [(e["reason"], e["requeue"]) for e in first if e["event"] == "stop"] == [("user_requeue", True)], diag
+    assert [e["step"] for e in events if e["event"] == "resume"] == [sig["step"]], diag
+    steps = [e["step"] for e in events if e["event"] == "iteration"]
+    assert sorted(steps) == list(range(1, ASYNC_ITERS + 1)) and len(steps) == ASYNC_ITERS, diag  # none lost/repeated
+
+
+def test_status_follows_a_run_from_pending_to_completed(scenarios: Dict[str, Future], slurm_cluster: Cluster) -> None:
+    run = result(scenarios, "watched")
+    st = run.seen["pending"]
+    assert (st["state"], st["reason"], st["job_id"], st["attempts"]) == ("pending", "BeginTime", run.job_id, 0)
+    assert st["target"] == 20 and st["step"] is None and st["checkpoint_step"] is None
+    seen = run.seen["running"]
+    assert seen["attempts"] == 1 and seen["step_time_s"] > 0 and seen["eta_s"] > 0 and seen["log_tail"]
+    st = run.seen["completed"]
+    assert (st["state"], st["step"], st["target"], st["checkpoint_step"]) == ("completed", 20, 20, 20)
+    assert st["interruptions"] == {} and st["goodput"] is not None and 0 < st["goodput"] <= 1
+    # the GPU-hours spent are Slurm's accounting of the allocation: its Elapsed x the ranks (no GPU gres here)
+    elapsed = sum(int(h) * 3600 + int(m) * 60 + int(sec) for h, m, sec in
+                  (r["Elapsed"].split(":") for r in run.sacct))
+    assert st["world_size"] == 4 and st["gpu_hours_source"] == "sacct"
+    assert st["gpu_hours"] == pytest.approx(4 * elapsed / 3600)
+    assert st["cost"] == pytest.approx(3 * st["gpu_hours"])
+    text = run.seen["text"]
+    assert f"state      completed; job {run.job_id}; attempts 1" in text and "step 20 / 20 (100.0%)" in text
+    assert f"cost       {st['cost']:,.2f} (" in text and "x 3 per process-hour, so far, from the Slurm accounting" in text
