@@ -419,11 +419,12 @@ def slices(cluster: Cluster, d: Path) -> Run:
     """One rank, a 1-minute time limit, 2 s per step, checkpoints only at stops: the run reaches its step over
     several slices, each carried by the warning signal's save (``--signal=USR2@lead``) and rank 0's requeue.
     zero_progress_restarts=6: on a loaded machine a slice can spend its minute starting up (the guard has its own
-    tests)."""
+    tests). A hang deadline of 20 s fits the 45 s a slice trains before its warning (the check refuses more)."""
     return finish(cluster, submit(cluster, d / "slices", "cluster.nodes=1", "cluster.gpus_per_node=1",
                                   "parallelism=tp1", "run.time_limit_min=1", "training.signal_lead_time_s=15",
                                   f"training.train_iters={SLICE_ITERS}", "training.checkpoint_interval=1000",
-                                  "training.zero_progress_restarts=6", f"{SLEEP}=2"), timeout=450)
+                                  "training.zero_progress_restarts=6", "training.watchdog.step_floor_s=20",
+                                  f"{SLEEP}=2"), timeout=450)
 
 
 ASYNC_ITERS = 10
