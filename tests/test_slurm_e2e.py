@@ -9,8 +9,11 @@ loop. Every test asserts what Slurm reports (``sacct -D`` states, ``Restarts``, 
 
 The scenarios are independent (distinct run directories; each job fills its 2 nodes' CPUs,
 so two jobs never share a node), so they run two at a time in threads (the machine has 2
-cores: 2 concurrent 4-rank trainings is the most it holds). Tests wait on their scenario's
-result; the actions live in the scenarios, the assertions in the tests.
+cores: 2 concurrent 4-rank trainings is the most it holds). Beside them a light lane runs,
+also two at a time, the scenarios that mostly wait (a start-up that sleeps past its slice,
+one-rank runs that sleep through their steps) on the cluster's other nodes, once the
+time-limit scenario has ended (its rerun must fit a 3-minute slice). Tests wait on
+their scenario's result; the actions live in the scenarios, the assertions in the tests.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import json
 import subprocess
 import sys
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional
@@ -33,8 +36,8 @@ PY = sys.executable
 ITERS = 20  # the tiny recipe: 20 steps, checkpoint every 10
 SLEEP = "+cluster.env.SLURMTRON_TEST_STEP_SLEEP_S"  # worker test hook: seconds slept per step
 FAIL_AT = "+cluster.env.SLURMTRON_TEST_FAIL_AT_ITER"  # worker test hook: crash at this iteration
-TRAIN_TIMEOUT = 600  # one scenario, start to finish, on a loaded 2-core machine (the time-limit one, a 3-minute
-# slice then the rerun, was seen taking 301 s with more jobs beside it)
+TRAIN_TIMEOUT = 600  # one scenario, start to finish, on a loaded 2-core machine (the time-limit one: a 3-minute
+# slice, then the rerun, took 301 s with the light lane's start-ups beside it)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(1500)]
 
@@ -291,7 +294,7 @@ def user_cancel(cluster: Cluster, d: Path) -> Run:
     """TP2 x DP2; after the step-10 checkpoint the user runs ``scancel <jobid>``."""
     run = submit(cluster, d / "cancel", "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=0.5")
     wait_step(run, 12)
-    # the step-10 save durable first: its asynchronous write is not this test's subject (test_slurm_async_save.py),
+    # the step-10 save durable first: its asynchronous write is not this test's subject (the async_requeue scenario),
     # and waiting for it inside the 5 s KillWait would leave less for the stop checkpoint on a loaded machine
     wait_committed(run, 10)
     run.seen["cancelled_at"] = time.time()
@@ -401,6 +404,78 @@ def budget(cluster: Cluster, d: Path) -> Run:
     return run
 
 
+def slow_start(cluster: Cluster, d: Path) -> Run:
+    """One rank; the first slice's start-up is made (test hook) to outlast its 3-minute slice, so the time-limit warning
+    arrives before any step; rank 0 requeues at once without saving, and the next slice trains the run to the end.
+    Without that, the slice would end TIMEOUT, which ``--requeue`` does not requeue: the run would stop silently."""
+    slow_first = ("cluster.setup=['[ -n \"$SLURM_RESTART_COUNT\" ] || "
+                  "export SLURMTRON_TEST_STARTUP_SLEEP_S=400']")  # longer than the 180 s slice
+    return finish(cluster, submit(cluster, d / "slowstart", "cluster.nodes=1", "cluster.gpus_per_node=1",
+                                  "parallelism=tp1", "run.time_limit_min=3", "training.signal_lead_time_s=30",
+                                  slow_first), timeout=600)
+
+
+SLICE_ITERS = 20  # at 2 s a step, more than one 1-minute slice holds (start-up + signal lead take the rest)
+
+
+def slices(cluster: Cluster, d: Path) -> Run:
+    """One rank, a 1-minute time limit, 2 s per step, checkpoints only at stops: the run reaches its step over
+    several slices, each carried by the warning signal's save (``--signal=USR2@lead``) and rank 0's requeue.
+    zero_progress_restarts=6: on a loaded machine a slice can spend its minute starting up (the guard has its own
+    tests). A hang deadline of 20 s fits the 45 s a slice trains before its warning (the check refuses more)."""
+    return finish(cluster, submit(cluster, d / "slices", "cluster.nodes=1", "cluster.gpus_per_node=1",
+                                  "parallelism=tp1", "run.time_limit_min=1", "training.signal_lead_time_s=15",
+                                  f"training.train_iters={SLICE_ITERS}", "training.checkpoint_interval=1000",
+                                  "training.zero_progress_restarts=6", "training.watchdog.step_floor_s=20",
+                                  f"{SLEEP}=2"), timeout=450)
+
+
+ASYNC_ITERS = 10
+
+
+def async_requeue(cluster: Cluster, d: Path) -> Run:
+    """One node x 2 ranks with asynchronous saves; while the first save is in flight the user asks for "checkpoint
+    and requeue now". The writers wait 8 s: the USR2 must reach the ranks (scancel, slurmctld, slurmd, slurmstepd)
+    and be agreed at a step boundary while the save is still in flight, also on a loaded machine where each hop
+    takes seconds."""
+    run = submit(cluster, d / "asyncstop", "cluster.nodes=1", "run.time_limit_min=5", "training.async_save=true",
+                 f"training.train_iters={ASYNC_ITERS}", "training.checkpoint_interval=3", f"{SLEEP}=1",
+                 "+cluster.env.SLURMTRON_TEST_ASYNC_WRITE_SLEEP_S=8")
+    wait_until(lambda: bool(run.of("checkpoint_async_started")), TRAIN_TIMEOUT,
+               f"job {run.job_id} to start an asynchronous save", interval=0.3)
+    cluster.run("scancel", "--signal=USR2", run.job_id)
+    return finish(cluster, run)
+
+
+def status_json(cluster: Cluster, run_dir: Path) -> dict:
+    proc = subprocess.run([PY, str(REPO / "launch" / "status.py"), str(run_dir), "--json"], capture_output=True,
+                          text=True, timeout=120, env=cluster.env)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def watched(cluster: Cluster, d: Path) -> Run:
+    """``launch/status.py`` follows one tiny run: pending (held by ``--begin``), running, then completed, through
+    the same command a user types."""
+    run = submit(cluster, d / "watched", "parallelism=tp2", "run.time_limit_min=10",
+                 "+cluster.sbatch_extra.begin=now+1hour", f"{SLEEP}=0.5", "cluster.gpu_hour_price=3")
+    run.seen["pending"] = status_json(cluster, run.dir)
+    cluster.run("scontrol", "update", f"JobId={run.job_id}", "StartTime=now")
+    seen: dict = {}
+
+    def running_with_steps() -> bool:
+        seen.update(status_json(cluster, run.dir))
+        return seen["state"] == "running" and (seen["step"] or 0) >= 2
+
+    wait_until(running_with_steps, TRAIN_TIMEOUT, f"job {run.job_id} to run some steps", interval=2)
+    run.seen["running"] = dict(seen)
+    finish(cluster, run)
+    run.seen["completed"] = status_json(cluster, run.dir)
+    run.seen["text"] = subprocess.run([PY, str(REPO / "launch" / "status.py"), str(run.dir)], capture_output=True,
+                                      text=True, timeout=120, env=cluster.env).stdout
+    return run
+
+
 def report_rows(cluster: Cluster, run: Run, out: Path) -> List[Dict[str, str]]:
     """analysis/report.py on the run (with its sacct -D dump beside it): the rows of interruptions.csv."""
     import csv
@@ -435,7 +510,12 @@ SCENARIOS: Dict[str, Callable[[Cluster, Path], object]] = {  # two at a time, in
     "slow_cancel": slow_cancel,
     "budget": budget,
     "in_job": in_job,
+    "slow_start": slow_start,
+    "slices": slices,
+    "async_requeue": async_requeue,
+    "watched": watched,
 }
+LIGHT = ("slow_start", "slices", "async_requeue", "watched", "budget")  # mostly waiting: their own lane, beside the trainings above
 
 
 NEEDS = {  # test -> the scenarios it reads; only those of the selected tests run (-k works)
@@ -457,6 +537,10 @@ NEEDS = {  # test -> the scenarios it reads; only those of the selected tests ru
     "test_status_after_a_drain_says_stopped_and_how_to_continue": ["drain"],
     "test_in_job_crash_lost_node_and_hang_continue_in_the_same_job_with_equal_losses": ["in_job", "completes"],
     "test_budget_stop_is_final_with_a_checkpoint_and_a_resubmission_is_refused": ["budget"],
+    "test_a_slice_whose_start_up_outlasts_the_slice_requeues_and_the_chain_continues": ["slow_start"],
+    "test_run_longer_than_its_time_limit_finishes_over_slices_without_lost_progress": ["slices"],
+    "test_user_requeue_during_an_async_write_waits_saves_and_resumes": ["async_requeue"],
+    "test_status_follows_a_run_from_pending_to_completed": ["watched"],
 }
 
 
@@ -465,13 +549,28 @@ def scenarios(request: pytest.FixtureRequest, slurm_cluster: Cluster,
               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Future]]:
     selected = {item.name for item in request.session.items if item.module is request.module}
     wanted = {name for test in selected for name in NEEDS.get(test, [])}
-    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="scenario")
-    futures = {name: pool.submit(fn, slurm_cluster, tmp_path_factory.mktemp(name))
-               for name, fn in SCENARIOS.items() if name in wanted}
+    pools = {lane: ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"{lane}-scenario")
+             for lane in ("training", "light")}
+    order = [n for n in SCENARIOS if n in wanted and n not in LIGHT] + [n for n in LIGHT if n in wanted]
+    futures: Dict[str, Future] = {}
+    for name in order:
+        fn, lane = SCENARIOS[name], "light" if name in LIGHT else "training"
+        if lane == "light" and "time_limit" in futures:  # its rerun must fit a 3-minute slice: no start-ups beside it
+            fn = after(futures["time_limit"], fn)
+        futures[name] = pools[lane].submit(fn, slurm_cluster, tmp_path_factory.mktemp(name))
     try:
         yield futures
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        for pool in pools.values():
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def after(gate: Future, fn: Callable[[Cluster, Path], object]) -> Callable[[Cluster, Path], object]:
+    """``fn``, started once ``gate`` has ended (however it ended: its own test reports a failure)."""
+    def gated(cluster: Cluster, d: Path) -> object:
+        wait([gate])
+        return fn(cluster, d)
+    return gated
 
 
 def result(scenarios: Dict[str, Future], name: str) -> Run:
@@ -868,3 +967,82 @@ def test_budget_stop_is_final_with_a_checkpoint_and_a_resubmission_is_refused(sc
     assert "raise it to continue the run: run.budget_gpu_hours=" in again.stderr, again.stderr
     assert len((run.dir / "submissions.jsonl").read_text().splitlines()) == 1
     assert run.seen["jobs_after"] == [], run.seen["jobs_after"]
+
+
+def test_a_slice_whose_start_up_outlasts_the_slice_requeues_and_the_chain_continues(
+        scenarios: Dict[str, Future]) -> None:
+    run = result(scenarios, "slow_start")
+    assert states(run) == ["REQUEUED", "COMPLETED"], run.logs()
+    first = [e for e in run.events() if e.get("restart_count") == 0]
+    assert not [e for e in first if e["event"] == "iteration"], "the slow slice must not have trained"
+    [stop] = [e for e in first if e["event"] == "stop"]
+    assert stop["reason"] == "time_limit" and stop["saved"] is False, stop
+    assert "during start-up, before the first step" in stop["evidence"]
+    assert [e["method"] for e in first if e["event"] == "requeue"][:1] == ["scontrol"]
+    assert run.step_reached() == ITERS and [e["reason"] for e in run.of("exit")][-1] == "completed", run.logs()
+
+
+def test_run_longer_than_its_time_limit_finishes_over_slices_without_lost_progress(
+        scenarios: Dict[str, Future]) -> None:
+    run = result(scenarios, "slices")
+    diag = "\n".join(json.dumps(r) for r in run.sacct) + "\n" + run.logs()
+    assert run.final == "COMPLETED", diag
+    events = run.events()
+    steps = [e["step"] for e in events if e["event"] == "iteration"]
+    # every step trained exactly once over all slices: nothing lost, nothing repeated
+    assert sorted(steps) == list(range(1, SLICE_ITERS + 1)) and len(steps) == SLICE_ITERS, diag
+    attempts = sorted({e["restart_count"] for e in events if e["event"] == "job_start"})
+    assert len(attempts) >= 2, diag  # it did not fit one slice
+    # each slice starts where the newest save before it left off (a slice that spent its minute starting up
+    # saves nothing new, and the next one starts at the same step: seen at load average 22)
+    newest, resumes = None, []
+    for e in events:
+        if e["event"] == "checkpoint_saved":
+            assert e.get("reason") in ("signal", "final"), diag  # checkpoint_interval=1000: only stops and the end
+            newest = e["step"]
+        elif e["event"] == "resume":
+            resumes.append((e["step"], newest))
+    assert resumes and all(step == want for step, want in resumes), (resumes, diag)
+    assert [e["step"] for e in events if e["event"] == "train_end"] == [SLICE_ITERS]
+    assert sum(r["State"].startswith("REQUEUED") for r in run.sacct) == len(attempts) - 1, diag
+
+
+def test_user_requeue_during_an_async_write_waits_saves_and_resumes(scenarios: Dict[str, Future]) -> None:
+    run = result(scenarios, "async_requeue")
+    diag = "\n".join(json.dumps(r) for r in run.sacct) + "\n" + run.logs()
+    assert run.final == "COMPLETED", diag
+    events = run.events()
+    first = [e for e in events if e.get("restart_count") == 0]
+    [started] = [e["step"] for e in first if e["event"] == "checkpoint_async_started"]
+    [sig] = [e for e in first if e["event"] == "signal"]
+    assert sig["signal"] == "SIGUSR2" and sig["step"] >= started, diag
+    [wait] = [e for e in first if e["event"] == "checkpoint_wait"]
+    assert wait["step"] == started and wait["reason"] == "signal", diag
+    saved = [(e["step"], e.get("mode")) for e in first if e["event"] == "checkpoint_saved"]
+    assert saved[0] == (started, "async"), diag  # the save in flight became durable first ...
+    assert saved[-1][0] == sig["step"], diag  # ... then the stop step
+    assert [(e["reason"], e["requeue"]) for e in first if e["event"] == "stop"] == [("user_requeue", True)], diag
+    assert [e["step"] for e in events if e["event"] == "resume"] == [sig["step"]], diag
+    steps = [e["step"] for e in events if e["event"] == "iteration"]
+    assert sorted(steps) == list(range(1, ASYNC_ITERS + 1)) and len(steps) == ASYNC_ITERS, diag  # none lost/repeated
+
+
+def test_status_follows_a_run_from_pending_to_completed(scenarios: Dict[str, Future], slurm_cluster: Cluster) -> None:
+    run = result(scenarios, "watched")
+    st = run.seen["pending"]
+    assert (st["state"], st["reason"], st["job_id"], st["attempts"]) == ("pending", "BeginTime", run.job_id, 0)
+    assert st["target"] == 20 and st["step"] is None and st["checkpoint_step"] is None
+    seen = run.seen["running"]
+    assert seen["attempts"] == 1 and seen["step_time_s"] > 0 and seen["eta_s"] > 0 and seen["log_tail"]
+    st = run.seen["completed"]
+    assert (st["state"], st["step"], st["target"], st["checkpoint_step"]) == ("completed", 20, 20, 20)
+    assert st["interruptions"] == {} and st["goodput"] is not None and 0 < st["goodput"] <= 1
+    # the GPU-hours spent are Slurm's accounting of the allocation: its Elapsed x the ranks (no GPU gres here)
+    elapsed = sum(int(h) * 3600 + int(m) * 60 + int(sec) for h, m, sec in
+                  (r["Elapsed"].split(":") for r in run.sacct))
+    assert st["world_size"] == 4 and st["gpu_hours_source"] == "sacct"
+    assert st["gpu_hours"] == pytest.approx(4 * elapsed / 3600)
+    assert st["cost"] == pytest.approx(3 * st["gpu_hours"])
+    text = run.seen["text"]
+    assert f"state      completed; job {run.job_id}; attempts 1" in text and "step 20 / 20 (100.0%)" in text
+    assert f"cost       {st['cost']:,.2f} (" in text and "x 3 per process-hour, so far, from the Slurm accounting" in text

@@ -1,9 +1,6 @@
-"""Long runs and bad nodes on the real local Slurm cluster (``tests/slurm_cluster.py``).
+"""Bad nodes on the real local Slurm cluster (``tests/slurm_cluster.py``). (A run longer than its
+time limit, over several slices, is a scenario of ``test_slurm_e2e.py``: it waits beside the others.)
 
-* A run whose time limit (1 minute) is far shorter than the run reaches its target step over
-  several wall-time slices: the warning signal (``--signal=USR2@lead``) makes every rank save,
-  rank 0 requeues the job, and the next slice resumes where the last one stopped: no step is
-  trained twice or skipped.
 * A node that fails (NODE_FAIL: the admin marks it down under the running job) is learned by
   the next attempt from ``sacct -D`` and the accounting event table, recorded in
   ``failed_nodes.json``, and kept out of the attempt that finishes the run.
@@ -67,45 +64,6 @@ def free_port() -> int:
 def _logs(run_dir: Path) -> str:
     return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-2500:]}"
                      for p in sorted((run_dir / "logs").glob("*.out")))
-
-
-@pytest.mark.slurm
-@pytest.mark.timeout(540)
-def test_run_longer_than_its_time_limit_finishes_over_slices_without_lost_progress(
-        slurm_cluster: Cluster, tmp_path: Path) -> None:
-    iters = 20  # at 2 s a step, more than one 1-minute slice holds (start-up + signal lead take the rest)
-    env = {**slurm_cluster.env, "SLURMTRON_TEST_STEP_SLEEP_S": "2"}
-    run_dir = tmp_path / "slices"
-    overrides = ["cluster=slurm_local", f"cluster.run_root={tmp_path}", "run.name=slices", "cluster.nodes=1",
-                 "run.time_limit_min=1", "training.signal_lead_time_s=15", f"training.train_iters={iters}",
-                 "training.checkpoint_interval=1000", "training.zero_progress_restarts=6"]
-    # checkpoint_interval=1000: only the signal saves carry progress from one slice to the next.
-    # zero_progress_restarts=6: on a loaded machine a slice can spend its minute starting up;
-    # this test is about slicing, not about the guard (tests/test_recovery_policy.py has that).
-    job_id = _submit_rendered(slurm_cluster, run_dir, overrides, env)
-
-    final = slurm_cluster.wait_end(job_id, timeout=450)
-    diag = slurm_cluster.sacct_dump(job_id) + _logs(run_dir)
-    assert final == "COMPLETED", diag
-    events = read_events(run_dir / "events.jsonl")
-    steps = _iterations(events)
-    # every step trained exactly once over all slices: nothing lost, nothing repeated
-    assert sorted(steps) == list(range(1, iters + 1)) and len(steps) == iters, diag
-    slices = sorted({e["restart_count"] for e in events if e["event"] == "job_start"})
-    assert len(slices) >= 2, diag  # it did not fit one slice
-    # each slice starts where the newest save before it left off (a slice that spent its minute starting up
-    # saves nothing new, and the next one starts at the same step: seen at load average 22)
-    newest, resumes = None, []
-    for e in events:
-        if e["event"] == "checkpoint_saved":
-            assert e.get("reason") in ("signal", "final"), diag  # checkpoint_interval=1000: only stops and the end
-            newest = e["step"]
-        elif e["event"] == "resume":
-            resumes.append((e["step"], newest))
-    assert resumes and all(step == want for step, want in resumes), (resumes, diag)
-    assert [e["step"] for e in events if e["event"] == "train_end"] == [iters]
-    rows = slurm_cluster.sacct(job_id)
-    assert sum(r["State"].startswith("REQUEUED") for r in rows) == len(slices) - 1, diag
 
 
 @pytest.mark.slurm
