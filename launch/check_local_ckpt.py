@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from launch.config import Job
-from launch.planner.estimate import checkpoint_bytes
+from launch.planner.tiers import node_shard_bytes
 from launch.problems import Problem
 
 F = "training.local_checkpoint."
@@ -32,19 +32,6 @@ def probe_free_bytes(path: str) -> Optional[int]:
                 return None
             return st.f_bavail * st.f_frsize
     return None
-
-
-def node_shard_bytes(job: Job) -> float:
-    """Bytes of one node's local shards: each rank holds its slice of the weights (tp x pp split) and of the fp32 main
-    weights and Adam moments (split over dp too with the distributed optimizer), as the planner counts them."""
-    p = job.parallelism
-    total = checkpoint_bytes(job)  # weights + fp32 main weights + Adam moments, the whole model
-    weights = 4.0 if job.training.precision == "fp32" else 2.0
-    per_param = 12.0 if job.training.precision == "fp32" else 14.0
-    model_split = max(1, p.tp * p.pp)
-    optim_split = model_split * (max(1, job.dp) if p.distributed_optimizer else 1)
-    per_rank = total / per_param * (weights / model_split + 12.0 / optim_split)
-    return per_rank * job.cluster.gpus_per_node
 
 
 def needed_bytes(job: Job) -> float:

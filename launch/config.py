@@ -187,6 +187,8 @@ class ClusterConfig:
     checkpoint_root: str = ""  # '' = <run_dir>/checkpoints
     local_checkpoint_dir: str = ""  # node-local path (/dev/shm/..., local NVMe) of training.local_checkpoint: one
     # directory per node, <local_checkpoint_dir>/<node name>/<run.name>/ ('' = no local tier)
+    local_write_bandwidth_gbs: float = 5.0  # write bandwidth of local_checkpoint_dir per node, GB/s (the planner's
+    # local save time; a local NVMe ~2-7, /dev/shm ~10 or more)
     lustre_stripe_count: int = 0  # >0: `lfs setstripe -c N` on the checkpoint dir
     lustre_stripe_size: str = "4M"  # `lfs setstripe -S`
     python: str = "python3"  # interpreter on the compute nodes, after modules/setup

@@ -14,6 +14,7 @@ from launch import blend, spares
 from launch.check import mock_data_at_scale
 from launch.config import Job
 from launch.cost import cost_text
+from launch.planner import tiers
 from launch.planner.estimate import estimate, layout_name, train_iterations
 
 
@@ -85,6 +86,9 @@ def summary(job: Job, run_dir: Path, *, job_ids: Sequence[str] = (), est: Any = 
         size = f"{est.checkpoint_gb:,.3g} GB" if est.checkpoint_gb >= 1 else f"{est.checkpoint_gb * 1e3:.3g} MB"
         rows.append(("checkpoint", f"{size}, save {est.save_time_s:.3g} s at "
                                    f"{c.fs_write_bandwidth_gbs:g} GB/s{every}; keep {t.keep_checkpoints}"))
+    tier_line = tiers.summary_text(job, est)
+    if tier_line:
+        rows.append(("local tier", tier_line))
     spare_line = spares.summary_text(job, est)
     if spare_line:
         rows.append(("spares", spare_line))

@@ -102,6 +102,52 @@ def min_async_steps(write_s: float, step_s: float) -> int:
     return max(1, math.ceil(write_s / step_s - 1e-9))
 
 
+def two_tier_steps(local_save_s: float, global_save_s: float, step_s: float, mtbf_s: float,
+                   local_share: float) -> tuple[int, Optional[int], str]:
+    """Both intervals of a two-tier run (node-local sets every L steps, global checkpoints every G), in whole steps,
+    and the arithmetic as a sentence.
+
+    Multilevel checkpointing to first order (Vaidya 1994; Moody et al., "Design, modeling, and evaluation of a
+    scalable multi-level checkpointing system", SC 2010): a share ``p`` of the failures can resume from the newest
+    local set (the same nodes, or a lost node's replica on a node still in the job), the rest only from the newest
+    global checkpoint. Each tier pays its own saves and its own share of the failures, so each gets Young's optimum
+    against its own failure rate: ``L = sqrt(2 C_l M / p)`` and ``G = sqrt(2 C_g M / (1 - p))``, G rounded to a
+    multiple of L (>= L). ``L`` = 0 (the tier does not pay) when no failure can use a local set (``p = 0``) or when
+    ``L`` would not be shorter than the global tier's own Daly interval (a local save no cheaper than a global one); with
+    ``p = 1`` no failure needs the global tier and ``G`` is None (the failure rate does not bound it: the
+    stop, final and time-limit saves still write global checkpoints).
+    """
+    if step_s <= 0:
+        raise ValueError(f"step time must be > 0 s, got {step_s}")
+    if not 0.0 <= local_share <= 1.0:
+        raise ValueError(f"the share of failures a local set recovers must be in [0, 1], got {local_share}")
+    _check(max(local_save_s, 1e-9), mtbf_s)
+    _check(max(global_save_s, 1e-9), mtbf_s)
+    p = local_share
+    if p <= 0.0:
+        steps, why = interval_steps(max(global_save_s, 1e-6), step_s, mtbf_s)
+        return 0, steps, f"no failure can use a local set (p = 0): local tier off; global {why}"
+    local_s = math.sqrt(2.0 * max(local_save_s, 1e-6) * mtbf_s / p)
+    local = max(1, int(round(local_s / step_s)))
+    alone, alone_why = interval_steps(max(global_save_s, 1e-6), step_s, mtbf_s)
+    if local >= alone:
+        return 0, alone, (f"local save C_l={local_save_s:.3g} s is no cheaper than what it replaces: local "
+                          f"sqrt(2 C_l M / p)={local_s:.4g} s = {local} step(s) >= the global tier's own interval "
+                          f"({alone} step(s)), so the local tier does not pay; global {alone_why}")
+    head = (f"p = {p:.2f} of failures resume from a local set; local save C_l={local_save_s:.3g} s, global save "
+            f"C_g={global_save_s:.3g} s, step {step_s:.3g} s, job MTBF M={mtbf_s:.4g} s: "
+            f"local sqrt(2 C_l M / p)={local_s:.4g} s -> every {local} step(s)")
+    if p >= 1.0:
+        return local, None, head + "; global: no failure needs it (p = 1), so the failure rate does not bound it"
+    global_s = math.sqrt(2.0 * max(global_save_s, 1e-6) * mtbf_s / (1.0 - p))
+    glob = max(1, int(round(global_s / step_s / local))) * local
+    waste = (local_save_s / (local * step_s) + global_save_s / (glob * step_s)
+             + p * local * step_s / (2.0 * mtbf_s) + (1.0 - p) * glob * step_s / (2.0 * mtbf_s))
+    return local, glob, (head + f"; global sqrt(2 C_g M / (1 - p))={global_s:.4g} s -> every {glob} step(s) "
+                         f"(a multiple of {local}); expected waste C_l/L + C_g/G + pL/2M + (1-p)G/2M = "
+                         f"{100 * waste:.2f}%")
+
+
 def parse_interval(value: Any) -> Optional[int]:
     """``training.checkpoint_interval`` read once: the step count, or None for 'auto' (resolved after a save)."""
     if isinstance(value, str) and value.strip().lower() == "auto":

@@ -15,7 +15,9 @@ training time = ``work_h / wall_h``, as Llama 3's "effective training time"; los
 ``(wall_h - work_h) * gpus`` (saves, redone work and restarts).
 
 Run ``python -m launch.planner.simulate <overrides as pretrain.py> [--trials N] [--seed S]
-[--restart-min R]``; ``--case llama3`` uses the published Llama 3 405B numbers instead.
+[--restart-min R]``; ``--case llama3`` uses the published Llama 3 405B numbers instead; ``--recovery`` compares
+the requeue path with in-job restart, ``--tiers`` the global tier alone with node-local sets beside it
+(:class:`Tiers`).
 
 numpy only (no torch): vectorised over trials, one loop iteration per failure.
 """
@@ -29,9 +31,11 @@ from typing import Optional, Sequence
 import numpy as np
 
 from launch.compose import compose_job
-from launch.planner.estimate import estimate
+from launch.config import Job
+from launch.planner.estimate import Estimate, estimate
 from launch.planner.layouts import choose_layout
-from recovery.interval import daly_interval_s, young_interval_s
+from launch.planner.tiers import local_save_time_s, local_share
+from recovery.interval import daly_interval_s, two_tier_steps, young_interval_s
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,86 @@ def simulate(s: Scenario, interval_h: float, *, trials: int = 2000, seed: int = 
         wall_h_mean=float(wall.mean()), lost_gpu_hours_mean=float((wall - w).mean() * s.nodes * s.gpus_per_node),
         failures_mean=float(fails.mean()), first_order_effective=1.0 / (1.0 + per_work),
     )
+
+
+@dataclass(frozen=True)
+class Tiers:
+    """Two checkpoint tiers: a local save every ``local_interval_h`` hours of compute, every ``every``-th of them a
+    global save instead (``every=None``: no periodic global save), and the share ``p`` of failures a local set can
+    serve (:func:`launch.planner.tiers.local_share`); the others fall back to the newest global checkpoint."""
+
+    local_interval_h: float
+    local_save_h: float
+    every: Optional[int]
+    share: float
+    label: str = ""
+
+
+def simulate_two_tier(s: Scenario, t: Tiers, *, trials: int = 2000, seed: int = 0) -> Outcome:
+    """Simulate ``trials`` runs of ``s`` saving as ``t`` says (``s.save_h`` is the global save).
+
+    After each (re)start the run computes ``local_interval_h``, saves (local, or global on every ``every``-th
+    save), and so on. A failure draws whether a local set can serve it (probability ``share``): then the run
+    resumes from the newest completed save of either tier, else from the newest completed *global* save, which may
+    be older than the previous restart."""
+    if t.local_interval_h <= 0 or s.work_h <= 0 or s.node_mtbf_h <= 0 or s.nodes < 1 or not 0 <= t.share <= 1:
+        raise ValueError(f"intervals, work, MTBF and nodes must be positive and the share in [0, 1]: {t}, {s}")
+    if t.every is not None and t.every < 1:
+        raise ValueError(f"a global save every {t.every} local ones: must be >= 1")
+    rng = np.random.default_rng(seed)
+    mtbf, tau, cl, cg, r, w = s.job_mtbf_h, t.local_interval_h, t.local_save_h, s.save_h, s.restart_h, s.work_h
+    k = float(t.every) if t.every else 1e12  # no periodic global save: only the final one
+    period = (k - 1) * (tau + cl) + tau + cg  # k segments of work, the last one ending with the global save
+    done, durable, wall, fails = (np.zeros(trials) for _ in range(4))
+    active = np.ones(trials, dtype=bool)
+    while active.any():
+        t_fail = rng.exponential(mtbf, size=trials)
+        local_ok = rng.random(trials) < t.share
+        remaining = w - done
+        n_seg = np.ceil(remaining / tau - 1e-12)
+        n_global = np.floor(n_seg / k)
+        finish = remaining + (n_seg - n_global) * cl + n_global * cg
+        finishes = active & (t_fail >= finish)
+        wall[finishes] += finish[finishes]
+        done[finishes] = w
+        failing = active & ~finishes
+        periods = np.floor(t_fail / period)
+        in_period = np.minimum(np.floor((t_fail - periods * period) / (tau + cl)), k - 1)
+        globals_done = periods * k * tau  # work made durable by this attempt's global saves
+        durable = np.where(failing & (periods > 0), done + globals_done, durable)
+        done = np.where(failing & local_ok, done + globals_done + in_period * tau, np.where(failing, durable, done))
+        wall[failing] += t_fail[failing] + r
+        fails += failing
+        active &= ~finishes
+    eff = w / wall
+    saves = ((k - 1) * cl + cg) / (k * tau)  # save time per unit of work
+    per_fail = t.share * (tau + cl) / 2 + (1 - t.share) * period / 2 + r
+    per_work = saves + (1 + saves) * per_fail / mtbf
+    label = t.label or f"local {tau * 60:.3g} min" + (f", global x{t.every}" if t.every else "")
+    return Outcome(
+        label=label, interval_h=tau, effective_mean=float(eff.mean()),
+        effective_p05=float(np.quantile(eff, 0.05)), effective_p95=float(np.quantile(eff, 0.95)),
+        wall_h_mean=float(wall.mean()), lost_gpu_hours_mean=float((wall - w).mean() * s.nodes * s.gpus_per_node),
+        failures_mean=float(fails.mean()), first_order_effective=1.0 / (1.0 + per_work),
+    )
+
+
+def compare_tiers(s: Scenario, local_save_h: float, share: float, *, configured: Optional[Tiers] = None,
+                  trials: int = 2000, seed: int = 0) -> list[Outcome]:
+    """The global tier alone at Daly's interval, then both tiers at the intervals
+    :func:`recovery.interval.two_tier_steps` recommends (in hours, one step = one second of compute), then the
+    configured tiers if given."""
+    save_s, mtbf_s = max(s.save_h, 1e-9) * 3600, s.job_mtbf_h * 3600
+    daly = daly_interval_s(save_s, mtbf_s) / 3600
+    out = [simulate(s, max(daly, 1e-6), trials=trials, seed=seed, label="global only, Daly")]
+    local_steps, global_steps, _ = two_tier_steps(max(local_save_h, 1e-9) * 3600, save_s, 1.0, mtbf_s, share)
+    if local_steps:
+        every = max(1, round(global_steps / local_steps)) if global_steps else None
+        best = Tiers(local_steps / 3600, local_save_h, every, share, label="two tiers, recommended")
+        out.append(simulate_two_tier(s, best, trials=trials, seed=seed))
+    if configured is not None:
+        out.append(simulate_two_tier(s, configured, trials=trials, seed=seed))
+    return out
 
 
 @dataclass(frozen=True)
@@ -252,33 +336,53 @@ def llama3_scenario(save_s: float, restart_min: float, days: float = 54.0) -> Sc
 
 def format_outcomes(s: Scenario, outcomes: Sequence[Outcome]) -> str:
     """A table: interval, effective training time (mean, 5th-95th percentile), wall, lost GPU-hours."""
+    width = max([16, *(len(o.label) for o in outcomes)])
     lines = [
         f"{s.nodes} nodes x {s.gpus_per_node} GPUs, node MTBF {s.node_mtbf_h:,.0f} h -> job MTBF "
         f"{s.job_mtbf_h:.3g} h; work {s.work_h:,.1f} h; save {s.save_h * 3600:.3g} s; restart {s.restart_h * 60:.3g} min",
-        f"{'interval':<16} {'minutes':>8} {'effective':>9} {'p05-p95':>13} {'1st-order':>9} {'wall days':>9} "
+        f"{'interval':<{width}} {'minutes':>8} {'effective':>9} {'p05-p95':>13} {'1st-order':>9} {'wall days':>9} "
         f"{'failures':>8} {'lost GPU-h':>12}",
     ]
     for o in outcomes:
         lines.append(
-            f"{o.label:<16} {o.interval_h * 60:8.1f} {100 * o.effective_mean:8.1f}% "
+            f"{o.label:<{width}} {o.interval_h * 60:8.1f} {100 * o.effective_mean:8.1f}% "
             f"{100 * o.effective_p05:5.1f}-{100 * o.effective_p95:5.1f}% {100 * o.first_order_effective:8.1f}% "
             f"{o.wall_h_mean / 24:9.1f} {o.failures_mean:8.0f} {o.lost_gpu_hours_mean:12,.0f}")
     return "\n".join(lines)
 
 
-def scenario_from_job(overrides: Sequence[str], restart_min: float) -> tuple[Scenario, Optional[float]]:
-    """Compose the job, estimate it, and build its scenario and configured interval (hours)."""
+def job_of(overrides: Sequence[str]) -> tuple[Job, Estimate]:
+    """Compose the job (choosing the layout for ``parallelism=auto``) and estimate it."""
     job = compose_job(list(overrides))
     if job.parallelism.name == "auto":
         job, _ = choose_layout(job)
     est = estimate(job)
     if est.step_time_s is None or est.train_iters is None:
         raise SystemExit(f"no step-time estimate for this job ({est.note}); use a GPU cluster config")
+    return job, est
+
+
+def scenario_from_job(job: Job, est: Estimate, restart_min: float) -> tuple[Scenario, Optional[float]]:
+    """The job's scenario and configured interval (hours)."""
     chosen = est.checkpoint_interval * est.step_time_s / 3600 if est.checkpoint_interval else None
     s = Scenario(work_h=est.train_iters * est.step_time_s / 3600, nodes=job.cluster.nodes,
                  gpus_per_node=job.cluster.gpus_per_node, node_mtbf_h=job.cluster.node_mtbf_hours,
                  save_h=est.save_time_s / 3600, restart_h=restart_min / 60)
     return s, chosen
+
+
+def tiers_of(job: Job, est: Estimate, local_save_s: Optional[float],
+             share: Optional[float]) -> tuple[float, float, Optional[Tiers]]:
+    """(local save hours, share, the configured tiers or None) of a job; the arguments override the first two."""
+    save_s = local_save_s if local_save_s is not None else local_save_time_s(job)
+    p = share if share is not None else local_share(job)[0]
+    lc, step = job.training.local_checkpoint, est.step_time_s or 0.0
+    configured = None
+    if lc.enabled and step > 0:
+        every = max(1, est.checkpoint_interval // lc.interval) if est.checkpoint_interval else None
+        configured = Tiers(lc.interval * step / 3600, save_s / 3600, every, p,
+                           label=f"configured: local {lc.interval}, global {est.checkpoint_interval or '-'}")
+    return save_s / 3600, p, configured
 
 
 def main(argv: Sequence[str] | None = None, out=print) -> int:
@@ -297,13 +401,32 @@ def main(argv: Sequence[str] | None = None, out=print) -> int:
                     help="minutes from failure to training again inside the allocation (--recovery)")
     ap.add_argument("--in-job-restarts", type=int, default=3,
                     help="in-job restarts per allocation before the requeue path (--recovery)")
+    ap.add_argument("--tiers", action="store_true",
+                    help="compare the global tier alone (Daly) with node-local sets plus global checkpoints at the "
+                         "recommended intervals (and at the configured ones) instead of comparing intervals")
+    ap.add_argument("--local-save-s", type=float, default=None,
+                    help="seconds a local save stalls training (--tiers; default: the job's estimate, 5 s for "
+                         "--case llama3)")
+    ap.add_argument("--local-share", type=float, default=None,
+                    help="share of failures a local set can serve (--tiers; default: the job's, from in-job restart "
+                         "and replication; 1 for --case llama3)")
     args = ap.parse_args(argv)
+    configured: Optional[Tiers] = None
     if args.case == "llama3":
         s, chosen = llama3_scenario(args.save_s if args.save_s is not None else 142.0, args.restart_min), None
+        local_h = (args.local_save_s if args.local_save_s is not None else 5.0) / 3600
+        share = args.local_share if args.local_share is not None else 1.0
     else:
-        s, chosen = scenario_from_job(args.overrides, args.restart_min)
+        job, est = job_of(args.overrides)
+        s, chosen = scenario_from_job(job, est, args.restart_min)
         if args.save_s is not None:
             s = Scenario(**{**s.__dict__, "save_h": args.save_s / 3600})
+        local_h, share, configured = tiers_of(job, est, args.local_save_s, args.local_share)
+    if args.tiers:
+        out(format_outcomes(s, compare_tiers(s, local_h, share, configured=configured, trials=args.trials,
+                                             seed=args.seed)))
+        out(f"local save {local_h * 3600:.3g} s; share of failures a local set serves p = {share:.2f}")
+        return 0
     if args.recovery:
         interval = chosen or daly_interval_s(max(s.save_h, 1e-9) * 3600, s.job_mtbf_h * 3600) / 3600
         out(format_recovery(s, interval, compare_recovery(s, interval, requeue_min=args.restart_min,
