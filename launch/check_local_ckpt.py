@@ -40,6 +40,15 @@ def needed_bytes(job: Job) -> float:
     return (lc.keep + 1) * max(1, lc.replication) * node_shard_bytes(job)
 
 
+def local_plan(job: Job) -> dict:
+    """What ``local_plan.json`` holds: the space arithmetic of one node's local directory."""
+    lc, shard = job.training.local_checkpoint, node_shard_bytes(job)
+    need = needed_bytes(job)
+    return {"node_shard_bytes": shard, "needed_bytes": need, "keep": lc.keep, "replication": lc.replication,
+            "arithmetic": f"(keep {lc.keep} + 1 being written) x replication {lc.replication} x {_gb(shard)} per "
+                          f"node = {_gb(need)}"}
+
+
 def _gb(n: float) -> str:
     return f"{n / 1e9:.3g} GB" if n >= 1e9 else f"{n / 1e6:.3g} MB"
 

@@ -19,6 +19,7 @@ A run directory ``<cluster.run_root>/<run.name>/`` (or ``run.dir``) holds::
     wandb_id            the W&B run id every attempt resumes (wandb/ holds W&B's own files)
     data_cache/         Megatron's index cache of an indexed dataset
     memory_plan.json    the planner's per-GPU memory estimate of the submitted layout (its terms and fixes)
+    local_plan.json     the planner's space arithmetic of the node-local tier (when it is on): what a node needs
     oom/                out-of-memory forensics: memory_summary / snapshot per rank and attempt
     run_id              the run's identity, written into every manifest (recovery/identity.py)
     preflight/          the preflight job's own run: its config.yaml, options.json, logs, checkpoint
@@ -56,6 +57,7 @@ TENSORBOARD = "tensorboard"
 WANDB_ID = "wandb_id"
 DATA_CACHE = "data_cache"
 MEMORY_PLAN = "memory_plan.json"
+LOCAL_PLAN = "local_plan.json"
 OOM = "oom"
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -307,6 +309,10 @@ class RunPaths:
     @property
     def memory_plan(self) -> Path:
         return self.run_dir / MEMORY_PLAN
+
+    @property
+    def local_plan(self) -> Path:
+        return self.run_dir / LOCAL_PLAN
 
     def oom(self, job_id: Optional[str], attempt: int, rank: int, what: str) -> Path:
         """One rank's out-of-memory forensics: ``oom/<job or local>_<attempt>_rank<R>.<what>``

@@ -27,7 +27,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from launch import ledger, local, planner  # noqa: E402
+from launch import check_local_ckpt, ledger, local, planner  # noqa: E402
 from launch.check import check, notes, run_dir_problems, submission_problems  # noqa: E402
 from launch.cli import interpolation_refusal, job_or_refusal, usage  # noqa: E402,F401 (one refusal path)
 from launch.compose import job_to_yaml, literal_dollars, load_job  # noqa: E402
@@ -376,6 +376,7 @@ def _main(cfg: DictConfig, *, runner: Runner, out: TextIO, err: TextIO, sweep: O
             run_lock = local.take_run_lock(run_dir, job_active=lambda j: lock.slurm_job_active(j, runner), echo=err)
         job.paths_at(run_dir).config.write_text(text)
         write_memory_plan(job, run_dir)
+        write_local_plan(job, run_dir)
     except lock.RunLocked as exc:  # another launch is training this run right now: leave all of it alone
         before.restore()
         print(local.locked_line(exc, run_dir), file=err)
@@ -428,6 +429,16 @@ def write_memory_plan(job: Job, run_dir: Path) -> None:
     except (ArithmeticError, ValueError, KeyError):  # a shape the planner cannot size: the ranks say "no estimate"
         return
     atomic_write_json(job.paths_at(run_dir).memory_plan, plan)
+
+
+def write_local_plan(job: Job, run_dir: Path) -> None:
+    """``<run_dir>/local_plan.json`` when the local tier is on: what one node's local directory must hold, which the
+    ranks compare with each node's free space at the start (a login node cannot see the compute nodes' disks)."""
+    path = job.paths_at(run_dir).local_plan
+    if not job.training.local_checkpoint.enabled:
+        path.unlink(missing_ok=True)
+        return
+    atomic_write_json(path, check_local_ckpt.local_plan(job))
 
 
 def clear_stop_request(job: Job, run_dir: Path, err: TextIO) -> None:

@@ -180,6 +180,47 @@ class Inventory:
     node: str
     sets: List[HeldSet] = field(default_factory=list)
     skipped: List[tuple] = field(default_factory=list)  # (path, step, owner or '', reason)
+    room_bytes: Optional[int] = None  # free where the directory is plus what this run's files there take (None: unknown)
+
+
+def node_room(node_dir: Path, storage: Optional[LocalStorage] = None) -> Optional[int]:
+    """The bytes a node's local directory can hold for this run: the free space of its filesystem (at the nearest
+    existing parent: the directory may not exist yet) plus what the run's sets there already take (each is replaced
+    as a new one commits). None when the filesystem cannot be asked."""
+    st = storage or LocalStorage()
+    probe = Path(node_dir)
+    while not st.exists(probe) and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = int(st.free_bytes(probe))
+        used = sum(st.size(Path(node_dir) / rel) for rel in st.list_files(node_dir)) if st.is_dir(node_dir) else 0
+    except OSError:
+        return None
+    return free + used
+
+
+def room_notices(inventories: Iterable[Inventory], plan: Optional[dict], step: Optional[int]) -> list:
+    """One notice per node whose local directory cannot hold what the planner says a node needs (``plan``: the
+    run's ``local_plan.json``, written at submit); empty when every node has room or nothing is known."""
+    if not plan or not isinstance(plan.get("needed_bytes"), (int, float)):
+        return []
+    need = float(plan["needed_bytes"])
+    out = []
+    for inv in inventories:
+        if inv.room_bytes is None or inv.room_bytes >= need:
+            continue
+        out.append({"event": EventKind.LOCAL_CHECKPOINT_SKIPPED, "step": step, "path": None, "node": inv.node,
+                    "reason": "no_space",
+                    "message": f"local saves are off for this attempt: node {inv.node}'s local directory can hold "
+                               f"{_size(inv.room_bytes)} for this run < {plan.get('arithmetic') or _size(need)}; "
+                               f"free space there, choose a larger node-local directory "
+                               f"(cluster.local_checkpoint_dir), or lower training.local_checkpoint.replication / "
+                               f"keep (the global checkpoints go on)"})
+    return out
+
+
+def _size(n: float) -> str:
+    return f"{n / 1e9:.3g} GB" if n >= 1e9 else f"{n / 1e6:.3g} MB"
 
 
 def scan_node(node_dir: Path, node: str, *, identity: Optional[dict] = None,

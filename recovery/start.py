@@ -10,6 +10,7 @@ inventories, lets rank 0 call this and broadcasts the :class:`Start` it returns 
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
@@ -18,7 +19,7 @@ from launch.paths import RunPaths
 from recovery import lock, policy, stop
 from recovery.events import read_events
 from recovery.identity import run_identity
-from recovery.local_sets import Inventory, LocalChoice, choose
+from recovery.local_sets import Inventory, LocalChoice, choose, room_notices
 from recovery.policy import Decision
 from recovery.resume import Resume, committed_steps, plan_resume
 from recovery.storage import LocalStorage
@@ -35,12 +36,22 @@ class Start:
     identity: Optional[dict] = None  # whose checkpoints these are (recovery.identity.run_identity)
     local: Optional[LocalChoice] = None  # its step set: resume from that local set (train/local_ckpt.py)
     local_nodes: Optional[list] = None  # every rank's node when the local tier is on (set after the broadcast)
+    local_saves_off: Optional[str] = None  # why this attempt makes no local saves (a node's directory too small)
     # rank 0's hold on the run (recovery.lock.Acquired); the caller keeps it for the attempt, it is not broadcast
     run_lock: Optional[lock.Acquired] = field(default=None, repr=False, compare=False)
 
     @property
     def ok(self) -> bool:
         return bool(self.decision.ok)
+
+
+def read_json(path: Any, storage: LocalStorage) -> Optional[dict]:
+    """A small JSON file the login side wrote (``local_plan.json``), or None when it is missing or unreadable."""
+    try:
+        doc = json.loads(storage.read_text(path))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 def refused(reason: str, detail: str, notices: list, code: Optional[int] = None,
@@ -95,14 +106,19 @@ def _decide_held(paths: RunPaths, job: Any, held: lock.Acquired, notices: list, 
         return refused(plan.reason, plan.detail, notices, run_lock=held)
     res = Resume(plan.path, plan.step, plan.meta)
     local = None
+    saves_off = None
     if inventories is not None and not scratch:  # the newest complete verified local set, if newer (one source)
         local = choose(res.step, inventories, world=world, layout=layout, identity=identity)
         notices += local.notices
         if local.step is not None:
             res = Resume(None, local.step, local.meta)
+    if inventories is not None:  # every node's directory must hold what the planner says (Slurm: first seen here)
+        short = room_notices(inventories, read_json(paths.local_plan, storage), res.step)
+        notices += short
+        saves_off = short[0]["message"] if short else None
     ended = stop.start_refusal(paths.stop_request, res.step, job_id)  # a cancel or a drain ended the run
     if ended:
         return refused(ended[0], ended[1], notices, code=policy.EXIT_COMPLETED, resume=res, identity=identity,
                        local=local, run_lock=held)
     decision = policy.start_decision(paths.run_dir, restart, res.step, job.training, job_id=job_id)
-    return Start(res, decision, notices, identity, local, run_lock=held)
+    return Start(res, decision, notices, identity, local, local_saves_off=saves_off, run_lock=held)

@@ -233,3 +233,69 @@ def test_a_left_timeline_s_newer_sets_are_abandoned_at_once_and_older_ones_kept(
     # a renamed set is garbage: never a candidate again, and the next commit's prune removes it
     assert parse_local_set_name(local_set_name(6) + ".del") == (6, ".del")
     assert local_set_name(6) + ".del" in local_sets.prune_names([local_set_name(6) + ".del"], keep=1, committed=5)
+
+
+# ---- room on the compute nodes (the start's probe: a login node cannot see their disks) -------------------
+
+class _Disk(local_sets.LocalStorage):
+    """The real filesystem, with a chosen amount free (a full /dev/shm cannot be made safely in a test)."""
+
+    def __init__(self, free: int) -> None:
+        self.free = free
+
+    def free_bytes(self, path: Path) -> int:
+        assert path.exists(), path  # asked where the directory is, or its nearest existing parent
+        return self.free
+
+
+def test_a_node_s_room_is_the_free_space_plus_what_the_run_s_own_sets_there_take(tmp_path):
+    node_dir = tmp_path / "shm" / "node0" / "tiny"
+    assert local_sets.node_room(node_dir, _Disk(1000)) == 1000  # not created yet: its parent's filesystem
+    (node_dir / "local_0000004").mkdir(parents=True)
+    (node_dir / "local_0000004" / "rank_00000.safetensors").write_bytes(b"x" * 300)
+    (node_dir / "local_0000004" / "manifest.json").write_bytes(b"{}")
+    assert local_sets.node_room(node_dir, _Disk(1000)) == 1302
+
+
+def test_a_node_without_room_for_the_planned_sets_turns_local_saves_off_with_the_arithmetic(tmp_path):
+    from recovery.start import decide_start
+
+    job = compose_job(["model=tiny", "cluster=local", f"run.dir={tmp_path}", "run.name=tiny", "cluster.nodes=2",
+                       "cluster.gpus_per_node=2", "training.local_checkpoint.interval=2",
+                       f"cluster.local_checkpoint_dir={tmp_path / 'shm'}"])
+    paths = job.paths_at(tmp_path)
+    from launch.check_local_ckpt import local_plan
+
+    plan = local_plan(job)
+    paths.local_plan.write_text(json.dumps(plan))
+    need = int(plan["needed_bytes"])
+    invs = [local_sets.Inventory("node0", room_bytes=need), local_sets.Inventory("node1", room_bytes=need - 1)]
+
+    def decide(inventories):
+        start = decide_start(paths, job, restart=0, job_id=None, env={}, storage=local_sets.LocalStorage(), world=4,
+                             layout=LAYOUT, inventories=inventories)
+        start.run_lock.release()
+        return start
+
+    start = decide(invs)
+    assert start.ok and start.local_saves_off, start
+    [notice] = [n for n in start.notices if n.get("reason") == "no_space"]
+    assert notice["event"] == EventKind.LOCAL_CHECKPOINT_SKIPPED and notice["node"] == "node1"
+    assert "local saves are off for this attempt: node node1's local directory" in notice["message"]
+    assert plan["arithmetic"] in notice["message"] and "(keep 1 + 1 being written) x replication 2 x" in \
+        plan["arithmetic"]
+    assert not decide([local_sets.Inventory("node0", room_bytes=need), local_sets.Inventory("node1")]).local_saves_off
+    paths.local_plan.unlink()  # no plan (a run submitted before this file existed): nothing to compare with
+    assert not decide(invs).local_saves_off
+
+
+def test_submit_writes_the_space_arithmetic_for_the_ranks_only_when_the_tier_is_on(tmp_path):
+    from launch.pretrain import write_local_plan
+
+    on = compose_job(["cluster=local", "cluster.nodes=2", "cluster.gpus_per_node=2",
+                      "training.local_checkpoint.interval=2", f"cluster.local_checkpoint_dir={tmp_path / 'shm'}"])
+    write_local_plan(on, tmp_path)
+    doc = json.loads(on.paths_at(tmp_path).local_plan.read_text())
+    assert doc["needed_bytes"] == needed_bytes(on) and doc["replication"] == 2 and doc["keep"] == 1
+    write_local_plan(compose_job(["cluster=local"]), tmp_path)  # the tier turned off: no stale plan is left
+    assert not on.paths_at(tmp_path).local_plan.exists()

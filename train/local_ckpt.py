@@ -219,7 +219,8 @@ def exchange(payloads: Dict[int, List[bytes]], receive_from: List[int]) -> Dict[
 class LocalTier:
     """One rank's part of the local tier (every method is collective: every rank calls it)."""
 
-    def __init__(self, ctx: RankContext, parts: Any, nodes: List[str], identity: Optional[dict] = None) -> None:
+    def __init__(self, ctx: RankContext, parts: Any, nodes: List[str], identity: Optional[dict] = None,
+                 saves_off: Optional[str] = None) -> None:
         self.ctx = ctx
         self.parts = parts
         self.cfg = ctx.job.training.local_checkpoint
@@ -230,10 +231,12 @@ class LocalTier:
         self.plan = local_sets.exchange_plan(nodes, self.cfg.replication)
         self.identity = identity
         self.saved: set[int] = set()
+        self.saves_off = saves_off  # the start found a node's directory too small: restores only, no saves
 
     def due(self, step: int, iters: int, global_interval: Optional[int], global_saved: set) -> bool:
         """A local save at ``step``: on the local interval, before the last step, and not where a global save is."""
-        if step <= 0 or step >= iters or step % self.cfg.interval or step in self.saved or step in global_saved:
+        if self.saves_off or step <= 0 or step >= iters or step % self.cfg.interval or step in self.saved \
+                or step in global_saved:
             return False
         return not (global_interval and step % global_interval == 0)
 
@@ -419,17 +422,20 @@ def gather_inventories(ctx: RankContext) -> Optional[tuple]:
     node = nodes[ctx.rank]
     inv = None
     if local_sets.ranks_of(nodes)[node][0] == ctx.rank:
-        inv = asdict(local_sets.scan_node(local_paths(ctx.job).node_dir(node), node, storage=ctx.storage))
+        node_dir = local_paths(ctx.job).node_dir(node)
+        found = local_sets.scan_node(node_dir, node, storage=ctx.storage)
+        found.room_bytes = local_sets.node_room(node_dir, ctx.storage)
+        inv = asdict(found)
     got = gather(inv)
     return nodes, (None if got is None else [local_sets.Inventory(
-        i["node"], [local_sets.HeldSet(**s) for s in i["sets"]], [tuple(x) for x in i["skipped"]])
+        i["node"], [local_sets.HeldSet(**s) for s in i["sets"]], [tuple(x) for x in i["skipped"]], i["room_bytes"])
         for i in got if i is not None])
 
 
 def tier_for(ctx: RankContext, parts: Any, start: Start) -> Optional[LocalTier]:
     """The local tier of this attempt (None when it is off)."""
     nodes = getattr(start, "local_nodes", None)
-    return LocalTier(ctx, parts, nodes, start.identity) if nodes else None
+    return LocalTier(ctx, parts, nodes, start.identity, saves_off=start.local_saves_off) if nodes else None
 
 
 def _last_logged_step(ctx: RankContext) -> Optional[int]:
