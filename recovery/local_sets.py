@@ -23,6 +23,7 @@ and no training.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -364,6 +365,67 @@ def fetch_plan(choice: LocalChoice, rank_nodes_now: Sequence[str]) -> Dict[int, 
         place = mine.index(rank) if rank in mine else 0
         plan[rank] = there[place % len(there)]
     return plan
+
+
+# ---- a node's save, commit and prune (its first rank; every step through the storage seam) -------------------
+
+def sha256_of(data: Any) -> str:
+    """SHA-256 of bytes or a uint8 array (its buffer, not a copy): what a manifest records."""
+    return hashlib.new(HASH_NAME, memoryview(data)).hexdigest()
+
+
+def begin_set(paths: LocalPaths, node: str, step: int, storage: LocalStorage) -> Path:
+    """A fresh staging directory for ``node``'s set of ``step``: a stale staging directory, or a committed set of the
+    same step left by a timeline the run abandoned, is removed first."""
+    staging = paths.staging(node, step)
+    for stale in (staging, paths.set_dir(node, step)):
+        storage.remove_tree(stale)
+    storage.makedirs(staging)
+    return staging
+
+
+def write_files(staging: Path, files: Mapping[str, Any], storage: LocalStorage) -> Dict[str, tuple]:
+    """Write and fsync each of ``files`` ({rel: bytes}) under ``staging``: {rel: (size, sha256)}. Raises OSError."""
+    out: Dict[str, tuple] = {}
+    for rel, data in files.items():
+        path = Path(staging) / rel
+        storage.makedirs(path.parent)
+        storage.write_bytes(path, data)
+        out[rel] = (len(data), sha256_of(data))
+    return out
+
+
+def commit_set(paths: LocalPaths, node: str, step: int, staging: Path, manifest: dict, *, keep: int,
+               storage: LocalStorage) -> None:
+    """Make ``staging`` the committed set of ``step`` on ``node`` (its files and directories fsynced, the manifest
+    written last, one rename, the parent fsynced), then prune: the newest ``keep`` sets stay."""
+    for d in storage.list_subdirs(staging):
+        storage.fsync_dir(d)
+    storage.write_text(Path(staging) / LOCAL_MANIFEST, json.dumps(manifest, indent=1))
+    storage.fsync_dir(staging)
+    storage.rename(staging, paths.set_dir(node, step))
+    storage.fsync_dir(paths.node_dir(node))
+    prune_sets(paths.node_dir(node), keep=keep, committed=step, storage=storage)
+
+
+def prune_sets(node_dir: Path, *, keep: int, committed: int, storage: LocalStorage) -> None:
+    """Delete what :func:`prune_names` names. A committed set is first renamed to its garbage name (and the rename
+    made durable), so a crash inside the deletion never leaves a half-deleted set under a committed name."""
+    doomed, renamed = [], False
+    for name in prune_names(storage.list_dir(node_dir), keep=keep, committed=committed):
+        parsed = parse_local_set_name(name)
+        if parsed is not None and not parsed[1]:
+            garbage = name + DELETE_SUFFIX
+            storage.remove_tree(Path(node_dir) / garbage)
+            storage.rename(Path(node_dir) / name, Path(node_dir) / garbage)
+            doomed.append(garbage)
+            renamed = True
+        elif name not in doomed:
+            doomed.append(name)
+    if renamed:
+        storage.fsync_dir(node_dir)
+    for name in doomed:
+        storage.remove_tree(Path(node_dir) / name)
 
 
 # ---- keeping 1-2 sets -----------------------------------------------------------------------------------

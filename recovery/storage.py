@@ -200,6 +200,13 @@ class LocalStorage:
             f.flush()
             os.fsync(f.fileno())
 
+    def write_bytes(self, path: Path, data: Any) -> None:
+        """Write and fsync one file of bytes (or a buffer: a uint8 array is written without a copy)."""
+        with open(path, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
     def fsync_file(self, path: Path) -> None:
         fd = os.open(path, os.O_RDONLY)
         try:

@@ -1,4 +1,5 @@
-"""Storage fault sweep: every storage operation of a save and of a prune, each of {crash, ENOSPC, EACCES, EIO}.
+"""Storage fault sweep: every storage operation of a save and of a prune, each of {crash, ENOSPC, EACCES, EIO}, for the
+global checkpoints and for a node's local set (its own shards and a peer's replica, the commit and the prune).
 
 For each scenario the fault-free run is first counted (every call to the storage seam, reads
 included, plus the ranks' shard writes); then, for every operation index i and every fault
@@ -28,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from launch.paths import DELETE_SUFFIX, LocalPaths, local_set_name
+from recovery import local_sets
 from recovery.commit import abort_save, commit, parse_dir_name, prepare_staging, prune
 from recovery.quarantine import list_quarantine
 from recovery.resume import plan_resume, verify
@@ -35,7 +38,7 @@ from recovery.storage import LocalStorage, classify  # noqa: F401
 
 FAULTS = ("crash", "ENOSPC", "EACCES", "EIO")
 OPS = ("list_dir", "list_files", "list_subdirs", "size", "read_text", "digest", "makedirs", "remove_tree",
-       "write_text", "fsync_file", "fsync_dir", "rename", "replace", "write_shard")
+       "write_text", "write_bytes", "fsync_file", "fsync_dir", "rename", "replace", "write_shard")
 ME = {"name": "sweep", "id": "id-1", "model": {"num_layers": 2}}
 
 
@@ -217,4 +220,103 @@ def test_every_fault_at_every_storage_operation_keeps_the_invariant(fast_tmp, sc
     with capsys.disabled():
         print(f"\n{scenario}: {total} storage operations x {len(FAULTS)} faults = {cases} injected cases, "
               f"invariant held in all")
+    assert cases == total * len(FAULTS)
+
+
+# ---- the node-local tier: one node's set (its shards and a peer's replica), commit and prune -----------------
+
+LOCAL_ME = {"name": "sweep", "id": "id-1"}
+RANK_NODES = ["node0", "node1"]
+
+
+def local_save(paths: LocalPaths, step: int, st: LocalStorage, keep: int) -> None:
+    """What node0's rank does for the set of ``step``: its own shard and node1's replica, then the commit."""
+    staging = local_sets.begin_set(paths, "node0", step, st)
+    files = {}
+    for rank, node in enumerate(RANK_NODES):
+        tensors, doc = LocalPaths.shard_files(node, rank)
+        files.update(local_sets.write_files(staging, {tensors: f"{node} {step} ".encode() * 200,
+                                                      doc: b'{"step": %d}' % step}, st))
+    manifest = local_sets.build_manifest(step, "node0", run=LOCAL_ME, world=2, layout={"tp": 1}, rank_nodes=RANK_NODES,
+                                         files=files, now=0.0, meta={"step": step})
+    local_sets.commit_set(paths, "node0", step, staging, manifest, keep=keep, storage=st)
+
+
+def worker_local_save(paths: LocalPaths, step: int, st: LocalStorage, keep: int) -> None:
+    """As the rank does it: a storage error makes the save fail (a WARNING); the staging directory is removed."""
+    try:
+        local_save(paths, step, st, keep)
+    except OSError as e:
+        assert classify(e) is not None, e
+        try:
+            st.remove_tree(paths.staging("node0", step))
+        except OSError:
+            pass
+
+
+def local_sets_now(paths: LocalPaths) -> tuple[dict, list]:
+    """({step: fingerprint} of node0's verified sets, what the scan passed over)."""
+    inv = local_sets.scan_node(paths.node_dir("node0"), "node0", identity=LOCAL_ME)
+    return {h.step: fingerprint(Path(h.path)) for h in inv.sets}, inv.skipped
+
+
+def local_setup_two(paths: LocalPaths) -> None:
+    for step in (4, 6):
+        local_save(paths, step, FaultyStorage(), keep=2)
+
+
+def local_setup_leftovers(paths: LocalPaths) -> None:
+    local_setup_two(paths)
+    local_sets.begin_set(paths, "node0", 7, LocalStorage())  # a torn save's staging directory
+    (paths.node_dir("node0") / (local_set_name(2) + DELETE_SUFFIX)).mkdir()  # an interrupted prune's leftover
+
+
+LOCAL_SCENARIOS = {
+    "local_save_new_step": (local_setup_two, lambda paths, st: worker_local_save(paths, 8, st, keep=2)),
+    "local_save_keep_one_with_leftovers": (local_setup_leftovers,
+                                           lambda paths, st: worker_local_save(paths, 8, st, keep=1)),
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(LOCAL_SCENARIOS))
+def test_every_fault_at_every_storage_operation_of_a_local_save_keeps_the_sets(fast_tmp, scenario, capsys):
+    """After any fault: every set that verified before still verifies (same bytes) unless the fault-free save also
+    pruned it and a newer set verifies; no committed name is left half-written or half-deleted (the scan passes
+    over nothing); the start picks the newest verified set; and the next save commits."""
+    setup, action = LOCAL_SCENARIOS[scenario]
+    ref = LocalPaths(fast_tmp / "reference", "sweep")
+    setup(ref)
+    ref_before, _ = local_sets_now(ref)
+    counter = FaultyStorage()
+    run_action(action, ref, counter)
+    total = counter.n
+    ref_after, _ = local_sets_now(ref)
+    ref_pruned = set(ref_before) - set(ref_after)
+    assert total >= 20 and "write_bytes" in counter.log and "rename" in counter.log, counter.log
+    cases = 0
+    for at in range(total):
+        for kind in FAULTS:
+            paths = LocalPaths(fast_tmp / f"{kind}_{at}", "sweep")
+            setup(paths)
+            before, _ = local_sets_now(paths)
+            st = FaultyStorage(at, kind)
+            run_action(action, paths, st)
+            assert st.fired, (scenario, at, kind)
+            case = f"{scenario} {kind} at op {at} ({counter.log[at]})"
+            now, skipped = local_sets_now(paths)
+            assert not skipped, (case, skipped)
+            for step, print_ in before.items():
+                if step in now:
+                    assert now[step] == print_, (case, step, "changed")
+                else:
+                    assert step in ref_pruned and max(now) > step, (case, step, "lost", sorted(now))
+            choice = local_sets.choose(None, [local_sets.scan_node(paths.node_dir("node0"), "node0")], world=2,
+                                       layout={"tp": 1}, identity=LOCAL_ME)
+            assert choice.step is None or choice.step == max(now), (case, choice.step, sorted(now))
+            local_save(paths, 10, FaultyStorage(), keep=2)  # the next save commits over whatever is left
+            assert max(local_sets_now(paths)[0]) == 10, case
+            cases += 1
+    with capsys.disabled():
+        print(f"\n{scenario}: {total} storage operations x {len(FAULTS)} faults = {cases} injected cases, "
+              f"every verified local set kept")
     assert cases == total * len(FAULTS)

@@ -24,9 +24,7 @@ and training goes on (the global tier is the durable one).
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import time
 import warnings
 from dataclasses import asdict
@@ -40,10 +38,9 @@ from safetensors.torch import save as st_save
 
 from launch.dist_env import node_name
 from launch.kinds import EventKind
-from launch.paths import DELETE_SUFFIX, LOCAL_MANIFEST, LocalPaths, local_set_name
+from launch.paths import DELETE_SUFFIX, LocalPaths, local_set_name
 from recovery import local_sets
 from recovery.events import read_events
-from recovery.storage import HASH_NAME
 from recovery.start import Start
 from train.checkpointer import Checkpointer
 from train.context import RankContext, gather
@@ -169,11 +166,6 @@ def restore_shard(parts: Any, tensors: Dict[str, torch.Tensor], doc: dict) -> di
     return doc["training_state"]
 
 
-def _sha(data: Any) -> str:
-    """SHA-256 of bytes or a uint8 array (its buffer, not a copy)."""
-    return hashlib.new(HASH_NAME, memoryview(data)).hexdigest()
-
-
 # ---- the exchange -------------------------------------------------------------------------------------------
 
 def _as_tensor(blob: Any) -> torch.Tensor:
@@ -249,9 +241,7 @@ class LocalTier:
         error = None
         if self.leader:
             try:
-                for stale in (staging, self.paths.set_dir(self.node, step)):
-                    st.remove_tree(stale)
-                st.makedirs(staging)
+                local_sets.begin_set(self.paths, self.node, step, st)
             except OSError as e:
                 error = f"{type(e).__name__}: {e}"
         dist.barrier()
@@ -272,7 +262,7 @@ class LocalTier:
             if error is None:
                 error = self._write(staging, {rels[0]: tb, rels[1]: jb}, written)
             del tb, jb
-        own = {rel: (len(b), _sha(b)) for rel, b in zip(own_rels, (t_bytes, j_bytes))}
+        own = {rel: (len(b), local_sets.sha256_of(b)) for rel, b in zip(own_rels, (t_bytes, j_bytes))}
         reports = all_gather({"rank": ctx.rank, "node": self.node, "error": error, "own": own, "written": written})
         problem = self._agree(reports)
         committed = 0
@@ -311,14 +301,7 @@ class LocalTier:
     def _write(self, staging: Path, files: Dict[str, Any], written: Dict[str, tuple]) -> Optional[str]:
         """Write and fsync ``files`` under ``staging``; the error as text (the exchange goes on either way)."""
         try:
-            for rel, data in files.items():
-                path = staging / rel
-                self.ctx.storage.makedirs(path.parent)
-                with open(path, "wb") as f:
-                    f.write(data)
-                    f.flush()
-                    os.fsync(f.fileno())
-                written[rel] = (len(data), _sha(data))
+            written.update(local_sets.write_files(staging, files, self.ctx.storage))
             return None
         except OSError as e:
             return f"{type(e).__name__}: {e}"
@@ -337,21 +320,11 @@ class LocalTier:
         return None
 
     def _commit(self, staging: Path, step: int, files: Dict[str, tuple], state: Any) -> None:
-        st = self.ctx.storage
-        for d in st.list_subdirs(staging):
-            st.fsync_dir(d)
         doc = local_sets.build_manifest(
             step, self.node, run=self.identity, world=self.ctx.world, layout=self.ctx.layout,
             rank_nodes=self.rank_nodes, files=files, now=time.time(),
             meta={"step": step, "consumed_samples": state.consumed_samples})
-        st.write_text(staging / LOCAL_MANIFEST, json.dumps(doc, indent=1))
-        st.fsync_dir(staging)
-        final = self.paths.set_dir(self.node, step)
-        st.rename(staging, final)
-        node_dir = self.paths.node_dir(self.node)
-        st.fsync_dir(node_dir)
-        for name in local_sets.prune_names(st.list_dir(node_dir), keep=self.cfg.keep, committed=step):
-            st.remove_tree(node_dir / name)
+        local_sets.commit_set(self.paths, self.node, step, staging, doc, keep=self.cfg.keep, storage=self.ctx.storage)
 
     def abandon_after(self, step: int, why: str) -> None:
         """Every rank (collective): the local sets newer than ``step`` belong to a timeline the run just left
@@ -405,7 +378,7 @@ class LocalTier:
         for rel in rels:
             data = (Path(set_path) / rel).read_bytes()
             want = choice.files[rank][rel]
-            if len(data) != want.get("size") or _sha(data) != want.get("sha256"):
+            if len(data) != want.get("size") or local_sets.sha256_of(data) != want.get("sha256"):
                 raise ValueError(f"{Path(set_path) / rel} changed since the start verified it (sha256 differs)")
             out.append(data)
         return out
