@@ -109,3 +109,13 @@ def test_simulate_tiers_on_the_command_line(capsys: pytest.CaptureFixture[str]) 
     table = "\n".join(lines)
     assert "global only, Daly" in table and "two tiers, recommended" in table
     assert "local save 5 s; share of failures a local set serves p = 1.00" in table
+
+
+@pytest.mark.parametrize("flag, value", [("--local-share", "1.5"), ("--local-share", "x"), ("--local-save-s", "-1")])
+def test_a_bad_tier_flag_is_one_usage_line_and_exit_2(flag: str, value: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--case", "llama3", "--tiers", flag, value], out=lambda _line: None)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}:" in err and "Traceback" not in err

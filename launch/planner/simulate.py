@@ -385,6 +385,25 @@ def tiers_of(job: Job, est: Estimate, local_save_s: Optional[float],
     return save_s / 3600, p, configured
 
 
+def _non_negative(text: str) -> float:
+    """An argparse type: seconds >= 0 (a bad value is one usage line and exit 2, never a traceback)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text}")
+    return value
+
+
+def _share(text: str) -> float:
+    """An argparse type: a share of failures, in [0, 1]."""
+    value = _non_negative(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"a share of failures is in [0, 1], got {text}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None, out=print) -> int:
     """CLI: simulate the composed job (Hydra overrides) or ``--case llama3``."""
     ap = argparse.ArgumentParser(prog="python -m launch.planner.simulate", description=__doc__.split("\n")[0])
@@ -404,10 +423,10 @@ def main(argv: Sequence[str] | None = None, out=print) -> int:
     ap.add_argument("--tiers", action="store_true",
                     help="compare the global tier alone (Daly) with node-local sets plus global checkpoints at the "
                          "recommended intervals (and at the configured ones) instead of comparing intervals")
-    ap.add_argument("--local-save-s", type=float, default=None,
+    ap.add_argument("--local-save-s", type=_non_negative, default=None,
                     help="seconds a local save stalls training (--tiers; default: the job's estimate, 5 s for "
                          "--case llama3)")
-    ap.add_argument("--local-share", type=float, default=None,
+    ap.add_argument("--local-share", type=_share, default=None,
                     help="share of failures a local set can serve (--tiers; default: the job's, from in-job restart "
                          "and replication; 1 for --case llama3)")
     args = ap.parse_args(argv)
