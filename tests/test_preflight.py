@@ -201,10 +201,12 @@ def test_tiny_model_passes_preflight_on_tp2_dp2(tmp_path):
     v = _verdicts(doc)
     assert code == 0, out
     assert doc["layout"]["tp"] == 2 and doc["layout"]["dp"] == 2 and doc["world_size"] == 4
-    for check in ("grad_flow", "loss_parity", "grad_norm_parity", "checkpoint_roundtrip", "checkpoint_reshard",
-                  "data_wait_fraction"):
+    for check in ("grad_flow", "loss_parity", "grad_norm_parity", "checkpoint_roundtrip", "checkpoint_reshard"):
         assert v[check] == pc.PASS, out
     assert v["allreduce_bandwidth"] == pc.WARN  # CPU: informational
+    # a timing: a loaded CI machine can push the wait past the 5% WARN line; a starving loader (FAIL) still fails
+    wait = next(c for c in doc["checks"] if c["check"] == "data_wait_fraction")
+    assert v["data_wait_fraction"] in (pc.PASS, pc.WARN) and 0 <= wait["value"] <= 0.2, out
     assert doc["verdict"] == pc.WARN
     assert "preflight verdict" in out
     assert pc.preflight_problems(tmp_path / "ok") == []
