@@ -47,7 +47,7 @@ FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED"
 class ClusterSpec:
     """The cluster's shape; ``hydra_conf/cluster/slurm_local.yaml`` must agree with it."""
 
-    nodes: int = 8  # 2 concurrent 2-node jobs + spare nodes to requeue onto + the light lane's waiting jobs
+    nodes: int = 12  # 3 concurrent 2-node jobs (one with 2 spares), the light lane's 2, nodes to requeue onto
     gpus_per_node: int = 8  # fake GPUs (character devices)
     cpus_per_node: int = 4  # declared CPUs (SlurmdParameters=config_overrides allows more than the host has)
     node_prefix: str = "stn"  # node names stn1..stnN (resolved through /etc/hosts)

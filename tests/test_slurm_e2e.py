@@ -1,15 +1,16 @@
 """End to end on the local Slurm cluster: the real entry point, real Megatron-Core training.
 
 Each scenario submits with ``python launch/pretrain.py cluster=slurm_local ...`` (a subprocess,
-as a user would), the rendered script runs ``python -m train.worker`` on 2 nodes x 2 tasks
-(TP2 x DP2 or PP2 x DP2, gloo on the CPU), and the scenario then does to the job what a real
+as a user would), the rendered script runs ``python -m train.worker`` on 2 nodes x 1 task
+(PP2, one stage per node, gloo on the CPU), and the scenario then does to the job what a real
 cluster does: a time limit, a node set DOWN, a node that dies, a preempting job, a crash
 loop. Every test asserts what Slurm reports (``sacct -D`` states, ``Restarts``, the job id)
 *and* the training outcome (the last step reached, losses equal to an uninterrupted run).
 
 The scenarios are independent (distinct run directories; each job fills its 2 nodes' CPUs,
-so two jobs never share a node), so they run two at a time in threads (the machine has 2
-cores: 2 concurrent 4-rank trainings is the most it holds). Beside them a light lane runs,
+so two jobs never share a node), so they run three at a time in threads (the machine has 2
+cores: 3 concurrent 2-rank trainings, most of whose time is sleeping through steps or waiting
+on Slurm, is what it holds). Beside them a light lane runs,
 also two at a time, the scenarios that mostly wait (a start-up that sleeps past its slice,
 one-rank runs that sleep through their steps) on the cluster's other nodes, once the
 time-limit scenario has ended (its rerun must fit a 3-minute slice). Tests wait on
@@ -34,6 +35,8 @@ from slurm_cluster import Cluster, wait_until
 REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 ITERS = 20  # the tiny recipe: 20 steps, checkpoint every 10
+PAIR = ("cluster.gpus_per_node=1", "parallelism=pp2")  # 2 nodes x 1 rank, a pipeline stage each: what a scenario
+# does to a node reaches a whole stage, and a job starts 2 ranks, not 4 (the start-ups are most of the lane's CPU)
 SLEEP = "+cluster.env.SLURMTRON_TEST_STEP_SLEEP_S"  # worker test hook: seconds slept per step
 FAIL_AT = "+cluster.env.SLURMTRON_TEST_FAIL_AT_ITER"  # worker test hook: crash at this iteration
 TRAIN_TIMEOUT = 600  # one scenario, start to finish, on a loaded 2-core machine (the time-limit one: a 3-minute
@@ -131,8 +134,8 @@ def other_node(cluster: Cluster, run: Run) -> str:
 
 
 def completes(cluster: Cluster, d: Path) -> Run:
-    """Uninterrupted TP2 x DP2: the reference losses for the time-limit test."""
-    return finish(cluster, submit(cluster, d / "ref", "parallelism=tp2", "run.time_limit_min=10"))
+    """Uninterrupted PP2: the reference losses for the time-limit test."""
+    return finish(cluster, submit(cluster, d / "ref", *PAIR, "run.time_limit_min=10"))
 
 
 def time_limit(cluster: Cluster, d: Path) -> Run:
@@ -146,14 +149,14 @@ def time_limit(cluster: Cluster, d: Path) -> Run:
     start-up it finishes long before its own warning and the run needs exactly one requeue.
     """
     slow_first = "cluster.setup=['[ -n \"$SLURM_RESTART_COUNT\" ] || export SLURMTRON_TEST_STEP_SLEEP_S=8']"
-    run = submit(cluster, d / "timelimit", "parallelism=tp2", "run.time_limit_min=3",
+    run = submit(cluster, d / "timelimit", *PAIR, "run.time_limit_min=3",
                  "training.signal_lead_time_s=30", "training.checkpoint_interval=5", slow_first)
     return finish(cluster, run)
 
 
 def node_down(cluster: Cluster, d: Path) -> Run:
-    """PP2 x DP2; after the step-10 checkpoint an admin sets one of its nodes DOWN."""
-    run = submit(cluster, d / "nodedown", "parallelism=pp2", "run.time_limit_min=10", f"{SLEEP}=1")
+    """PP2; after the step-10 checkpoint an admin sets one of its nodes DOWN."""
+    run = submit(cluster, d / "nodedown", *PAIR, "run.time_limit_min=10", f"{SLEEP}=1")
     wait_step(run, 12)
     wait_committed(run, 10)
     node = other_node(cluster, run)
@@ -169,8 +172,8 @@ def node_down(cluster: Cluster, d: Path) -> Run:
 
 
 def node_crash(cluster: Cluster, d: Path) -> Run:
-    """TP2 x DP2; after the step-10 checkpoint one node dies (its slurmd and its ranks SIGKILLed)."""
-    run = submit(cluster, d / "nodecrash", "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=1")
+    """PP2; after the step-10 checkpoint one node dies (its slurmd and its rank SIGKILLed)."""
+    run = submit(cluster, d / "nodecrash", *PAIR, "run.time_limit_min=10", f"{SLEEP}=1")
     wait_step(run, 12)
     wait_committed(run, 10)
     node = other_node(cluster, run)
@@ -190,8 +193,8 @@ def node_crash(cluster: Cluster, d: Path) -> Run:
 
 
 def preemption(cluster: Cluster, d: Path) -> Run:
-    """TP2 x DP2 in the preemptible partition; an 'urgent' job takes one of its nodes mid-run."""
-    run = submit(cluster, d / "preempt", "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=1")
+    """PP2 in the preemptible partition; an 'urgent' job takes one of its nodes mid-run."""
+    run = submit(cluster, d / "preempt", *PAIR, "run.time_limit_min=10", f"{SLEEP}=1")
     wait_step(run, 12)  # after the step-10 checkpoint: SIGTERM also reaches the save machinery's helpers
     node = other_node(cluster, run)
     urgent = cluster.run("sbatch", "--parsable", "-p", cluster.spec.urgent_partition, "-w", node, "--exclusive",
@@ -209,7 +212,7 @@ def preempted_at_start(cluster: Cluster, d: Path) -> Run:
     The trigger is rank 0's start record (progress.json): every rank has installed its
     signal handlers by then (they do so before the process group forms).
     """
-    run = submit(cluster, d / "earlypreempt", "parallelism=tp2", "run.time_limit_min=10")
+    run = submit(cluster, d / "earlypreempt", *PAIR, "run.time_limit_min=10")
     wait_until(lambda: (run.dir / "progress.json").exists(), TRAIN_TIMEOUT, f"job {run.job_id} to start", interval=0.5)
     node = other_node(cluster, run)
     urgent = cluster.run("sbatch", "--parsable", "-p", cluster.spec.urgent_partition, "-w", node, "--exclusive",
@@ -226,7 +229,7 @@ def crash_loop(cluster: Cluster, d: Path) -> Run:
     requeued attempt's step is refused by the zero-progress guard, which must end the loop that a deterministic
     crash would otherwise make endless. (The crash requeue of a job without spares is the hang scenario's.)
     """
-    run = submit(cluster, d / "crashloop", "parallelism=tp2", "run.time_limit_min=10", f"{FAIL_AT}=3",
+    run = submit(cluster, d / "crashloop", *PAIR, "run.time_limit_min=10", f"{FAIL_AT}=3",
                  "training.zero_progress_restarts=2", "cluster.spare_nodes=1", "cluster.in_job_restarts=1")
     return finish(cluster, run, timeout=2 * TRAIN_TIMEOUT)
 
@@ -254,7 +257,7 @@ def rank_node(pid: int) -> str:
 
 
 def hang(cluster: Cluster, d: Path) -> Run:
-    """TP2 x DP2, 1 s per step; after the step-10 checkpoint rank 1 is SIGSTOPped (no signal, no exit).
+    """PP2, 1 s per step; after the step-10 checkpoint rank 1 is SIGSTOPped (no signal, no exit).
 
     The hang watchdog must notice (step deadline max(5 x median, 10 s)), dump every rank's
     stacks, name rank 1 the suspect, end the attempt; the batch script requeues it
@@ -263,7 +266,7 @@ def hang(cluster: Cluster, d: Path) -> Run:
     import os
     import signal
 
-    run = submit(cluster, d / "hang", "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=1",
+    run = submit(cluster, d / "hang", *PAIR, "run.time_limit_min=10", f"{SLEEP}=1",
                  "training.watchdog.step_floor_s=10")
     wait_step(run, 12)
     wait_committed(run, 10)  # asynchronous: a write still in flight at the SIGSTOP would never be committed
@@ -291,8 +294,8 @@ def sweep(cluster: Cluster, d: Path) -> Dict[str, object]:
 
 
 def user_cancel(cluster: Cluster, d: Path) -> Run:
-    """TP2 x DP2; after the step-10 checkpoint the user runs ``scancel <jobid>``."""
-    run = submit(cluster, d / "cancel", "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=0.5")
+    """PP2; after the step-10 checkpoint the user runs ``scancel <jobid>``."""
+    run = submit(cluster, d / "cancel", *PAIR, "run.time_limit_min=10", f"{SLEEP}=0.5")
     wait_step(run, 12)
     # the step-10 save durable first: its asynchronous write is not this test's subject (the async_requeue scenario),
     # and waiting for it inside the 5 s KillWait would leave less for the stop checkpoint on a loaded machine
@@ -303,9 +306,9 @@ def user_cancel(cluster: Cluster, d: Path) -> Run:
 
 
 def drain(cluster: Cluster, d: Path) -> Run:
-    """TP2 x DP2; after step 12 the user drains the run with launch/stop.py; then resubmits it."""
+    """PP2; after step 12 the user drains the run with launch/stop.py; then resubmits it."""
     run_dir = d / "drain"
-    run = submit(cluster, run_dir, "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=1")
+    run = submit(cluster, run_dir, *PAIR, "run.time_limit_min=10", f"{SLEEP}=1")
     wait_step(run, 12)
     stop = subprocess.run([PY, str(REPO / "launch" / "stop.py"), "cluster=slurm_local", f"run.dir={run_dir}",
                            f"run.name={run_dir.name}"], capture_output=True, text=True, timeout=60, env=cluster.env)
@@ -314,22 +317,22 @@ def drain(cluster: Cluster, d: Path) -> Run:
     run.seen["stop_file"] = json.loads((run_dir / "stop.json").read_text()) if (run_dir / "stop.json").exists() else None
     run.seen["status"] = subprocess.run([PY, str(REPO / "launch" / "status.py"), str(run_dir)], capture_output=True,
                                         text=True, timeout=120, env=cluster.env)
-    again = submit(cluster, run_dir, "parallelism=tp2", "run.time_limit_min=10")
+    again = submit(cluster, run_dir, *PAIR, "run.time_limit_min=10")
     run.seen["again"] = finish(cluster, again)
     return run
 
 
 def user_requeue(cluster: Cluster, d: Path) -> Run:
-    """TP2 x DP2; after the step-10 checkpoint the user asks for "checkpoint and requeue now"."""
-    run = submit(cluster, d / "requeuenow", "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=1")
+    """PP2; after the step-10 checkpoint the user asks for "checkpoint and requeue now"."""
+    run = submit(cluster, d / "requeuenow", *PAIR, "run.time_limit_min=10", f"{SLEEP}=1")
     wait_step(run, 12)
     cluster.run("scancel", "--signal=USR2", run.job_id)
     return finish(cluster, run)
 
 
 def admin_requeue(cluster: Cluster, d: Path) -> Run:
-    """TP2 x DP2; after step 12 an admin (or the user) runs ``scontrol requeue <jobid>``."""
-    run = submit(cluster, d / "adminrequeue", "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=1")
+    """PP2; after step 12 an admin (or the user) runs ``scontrol requeue <jobid>``."""
+    run = submit(cluster, d / "adminrequeue", *PAIR, "run.time_limit_min=10", f"{SLEEP}=1")
     wait_step(run, 12)
     cluster.run("scontrol", "requeue", run.job_id)
     return finish(cluster, run)
@@ -338,7 +341,7 @@ def admin_requeue(cluster: Cluster, d: Path) -> Run:
 def slow_cancel(cluster: Cluster, d: Path) -> Run:
     """A ``scancel`` whose stop save is made slower than the cluster's KillWait (5 s): the ranks are killed while
     saving; the report must still name the cancel."""
-    run = submit(cluster, d / "slowcancel", "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=1",
+    run = submit(cluster, d / "slowcancel", *PAIR, "run.time_limit_min=10", f"{SLEEP}=1",
                  "+cluster.env.SLURMTRON_TEST_SAVE_SLEEP_S=20", "training.checkpoint_interval=100")
     wait_step(run, 4)
     cluster.run("scancel", run.job_id)
@@ -346,11 +349,11 @@ def slow_cancel(cluster: Cluster, d: Path) -> Run:
 
 
 def in_job(cluster: Cluster, d: Path) -> Run:
-    """In-job restart: 4 nodes (2 + 2 spares, --no-kill), TP2 x DP2, 1 s per step, a checkpoint every 5 steps.
+    """In-job restart: 4 nodes (2 + 2 spares, --no-kill), PP2, 1 s per step, a checkpoint every 5 steps.
 
     After the step-5 checkpoint rank 1 is SIGKILLed (a crash: relaunched in the job on the same nodes); after the
-    relaunch's step-10 checkpoint the step's second node dies (its slurmd and its ranks SIGKILLed): the job goes
-    on with a spare; after that step's step-15 checkpoint rank 2 (on the spare) is SIGSTOPped (a hang): the
+    relaunch's step-10 checkpoint the step's second node dies (its slurmd and its rank SIGKILLed): the job goes
+    on with a spare; after that step's step-15 checkpoint rank 1 (on the spare) is SIGSTOPped (a hang): the
     watchdog ends the step and the job goes on with the last spare instead of the suspect's node. All under the
     same job id, without a requeue (cluster.in_job_restarts=3: all three used).
 
@@ -360,7 +363,7 @@ def in_job(cluster: Cluster, d: Path) -> Run:
     import os
     import signal
 
-    run = submit(cluster, d / "injob", "parallelism=tp2", "run.time_limit_min=10", f"{SLEEP}=1",
+    run = submit(cluster, d / "injob", *PAIR, "run.time_limit_min=10", f"{SLEEP}=1",
                  "cluster.spare_nodes=2", "training.checkpoint_interval=5", "training.watchdog.step_floor_s=10",
                  "training.local_checkpoint.interval=1", f"cluster.local_checkpoint_dir={d / 'local'}")
     wait_step(run, 7)
@@ -381,7 +384,7 @@ def in_job(cluster: Cluster, d: Path) -> Run:
         wait_until(lambda: any(e["step"] >= 17 and e["restart_count"] == 2 for e in run.of("iteration")),
                    TRAIN_TIMEOUT, f"job {run.job_id} to reach step 17 on the spare", interval=1)
         wait_committed(run, 15)
-        pid = rank_pid(run.job_id, 2)
+        pid = rank_pid(run.job_id, 1)
         assert pid, run.logs()
         os.kill(pid, signal.SIGSTOP)
         run.seen["stopped_on"] = rank_node(pid)
@@ -425,13 +428,13 @@ SLICE_ITERS = 20  # at 2 s a step, more than one 1-minute slice holds (start-up 
 def slices(cluster: Cluster, d: Path) -> Run:
     """One rank, a 1-minute time limit, 2 s per step, checkpoints only at stops: the run reaches its step over
     several slices, each carried by the warning signal's save (``--signal=USR2@lead``) and rank 0's requeue.
-    zero_progress_restarts=6: on a loaded machine a slice can spend its minute starting up (the guard has its own
-    tests). A hang deadline of 20 s fits the 45 s a slice trains before its warning (the check refuses more)."""
+    zero_progress_restarts=8: on a loaded machine a slice can spend its minute starting up (seen 5 times in one run
+    beside three trainings; the guard has its own tests). A hang deadline of 20 s fits the 45 s a slice trains before its warning (the check refuses more)."""
     return finish(cluster, submit(cluster, d / "slices", "cluster.nodes=1", "cluster.gpus_per_node=1",
                                   "parallelism=tp1", "run.time_limit_min=1", "training.signal_lead_time_s=15",
                                   f"training.train_iters={SLICE_ITERS}", "training.checkpoint_interval=1000",
-                                  "training.zero_progress_restarts=6", "training.watchdog.step_floor_s=20",
-                                  f"{SLEEP}=2"), timeout=450)
+                                  "training.zero_progress_restarts=8", "training.watchdog.step_floor_s=20",
+                                  f"{SLEEP}=2"), timeout=900)
 
 
 ASYNC_ITERS = 10
@@ -461,7 +464,7 @@ def status_json(cluster: Cluster, run_dir: Path) -> dict:
 def watched(cluster: Cluster, d: Path) -> Run:
     """``launch/status.py`` follows one tiny run: pending (held by ``--begin``), running, then completed, through
     the same command a user types."""
-    run = submit(cluster, d / "watched", "parallelism=tp2", "run.time_limit_min=10",
+    run = submit(cluster, d / "watched", *PAIR, "run.time_limit_min=10",
                  "+cluster.sbatch_extra.begin=now+1hour", f"{SLEEP}=0.5", "cluster.gpu_hour_price=3")
     run.seen["pending"] = status_json(cluster, run.dir)
     cluster.run("scontrol", "update", f"JobId={run.job_id}", "StartTime=now")
@@ -497,12 +500,12 @@ def report_causes(cluster: Cluster, run: Run, out: Path) -> Dict[int, str]:
     return {int(r["attempt"]): f"{r['cause']} ({r['evidence']})" for r in report_rows(cluster, run, out)}
 
 
-SCENARIOS: Dict[str, Callable[[Cluster, Path], object]] = {  # two at a time, in this order
+SCENARIOS: Dict[str, Callable[[Cluster, Path], object]] = {  # three at a time, in this order
     # the time-limit scenario first, beside light ones: its rerun must fit a 3-minute slice
     "time_limit": time_limit,  # a 3-minute slice, then the rerun: about 3.5 minutes
     "completes": completes,  # the reference losses of the tests that compare
     "crash_loop": crash_loop,
-    # then the longest first, so that the pool's two slots end together (seen at load ~10: 2.5 to 1 minutes)
+    # then the longest first, so that the pool's slots end together (seen at load ~10: 2.5 to 1 minutes)
     "in_job": in_job,
     "node_down": node_down,
     "node_crash": node_crash,
@@ -515,13 +518,13 @@ SCENARIOS: Dict[str, Callable[[Cluster, Path], object]] = {  # two at a time, in
     "sweep": sweep,
     "user_cancel": user_cancel,
     "slow_cancel": slow_cancel,
-    "budget": budget,
-    "slow_start": slow_start,
-    "slices": slices,
-    "async_requeue": async_requeue,
     "watched": watched,
+    "slices": slices,  # the light lane's longest (a 1-minute slice's start-up under load can take all of it)
+    "slow_start": slow_start,
+    "async_requeue": async_requeue,
+    "budget": budget,
 }
-LIGHT = ("slow_start", "slices", "async_requeue", "watched", "budget")  # mostly waiting: their own lane, beside the trainings above
+LIGHT = ("slices", "slow_start", "async_requeue", "budget")  # mostly waiting: their own lane, beside the trainings above
 
 
 NEEDS = {  # test -> the scenarios it reads; only those of the selected tests run (-k works)
@@ -555,8 +558,8 @@ def scenarios(request: pytest.FixtureRequest, slurm_cluster: Cluster,
               tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dict[str, Future]]:
     selected = {item.name for item in request.session.items if item.module is request.module}
     wanted = {name for test in selected for name in NEEDS.get(test, [])}
-    pools = {lane: ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"{lane}-scenario")
-             for lane in ("training", "light")}
+    pools = {lane: ThreadPoolExecutor(max_workers=slots, thread_name_prefix=f"{lane}-scenario")
+             for lane, slots in (("training", 3), ("light", 2))}
     order = [n for n in SCENARIOS if n in wanted and n not in LIGHT] + [n for n in LIGHT if n in wanted]
     futures: Dict[str, Future] = {}
     for name in order:
@@ -686,7 +689,7 @@ def test_node_set_down_is_node_fail_then_resume_from_last_checkpoint(scenarios: 
 def test_node_crash_is_node_fail_then_resume_from_last_checkpoint(scenarios: Dict[str, Future],
                                                                   slurm_cluster: Cluster) -> None:
     run = result(scenarios, "node_crash")
-    assert len(run.seen["killed"]) >= 3, "slurmd, its slurmstepd and its 2 ranks should have been killed"
+    assert len(run.seen["killed"]) >= 3, "slurmd, its slurmstepd and its rank should have been killed"
     _assert_node_failure_recovered(run, slurm_cluster)
 
 
@@ -751,14 +754,13 @@ def test_sigstopped_rank_is_a_hang_detected_named_and_requeued(scenarios: Dict[s
     assert states(run) == ["REQUEUED", "COMPLETED"], run.logs()
     hangs = run.of("hang")
     assert len(hangs) == 1, run.logs()
-    # exactly the stopped rank is the suspect (named by its process state); its data-parallel peer (rank 3), waiting
-    # for it under a frame that is not a torch.distributed one, is a victim like the others
+    # exactly the stopped rank is the suspect (named by its process state); the other stage, waiting for it, is a victim
     stopped = hangs[0]["suspects"]
     assert [s["rank"] for s in stopped] == [1] and "process stopped" in stopped[0]["why"], hangs[0]
     assert stopped[0]["host"].startswith("stn"), hangs[0]
-    assert {s["rank"] for s in hangs[0]["suspects"]} | {v["rank"] for v in hangs[0]["victims"]} == {0, 1, 2, 3}
+    assert {s["rank"] for s in hangs[0]["suspects"]} | {v["rank"] for v in hangs[0]["victims"]} == {0, 1}
     d = run.dir / "hangs" / f"{run.job_id}_0"
-    for r in range(4):
+    for r in range(2):
         assert "File " in (d / f"rank{r}.stacks.txt").read_text()
     summary = json.loads((d / "summary.json").read_text())
     latency = summary["ended"] - run.seen["stopped_at"]
@@ -1059,8 +1061,8 @@ def test_status_follows_a_run_from_pending_to_completed(scenarios: Dict[str, Fut
     # the GPU-hours spent are Slurm's accounting of the allocation: its Elapsed x the ranks (no GPU gres here)
     elapsed = sum(int(h) * 3600 + int(m) * 60 + int(sec) for h, m, sec in
                   (r["Elapsed"].split(":") for r in run.sacct))
-    assert st["world_size"] == 4 and st["gpu_hours_source"] == "sacct"
-    assert st["gpu_hours"] == pytest.approx(4 * elapsed / 3600)
+    assert st["world_size"] == 2 and st["gpu_hours_source"] == "sacct"
+    assert st["gpu_hours"] == pytest.approx(2 * elapsed / 3600)
     assert st["cost"] == pytest.approx(3 * st["gpu_hours"])
     text = run.seen["text"]
     assert f"state      completed; job {run.job_id}; attempts 1" in text and "step 20 / 20 (100.0%)" in text
