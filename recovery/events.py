@@ -16,10 +16,13 @@ data                       step, the data sources and their split (train/worker.
 data_position              step, consumed_samples, consumed_per_source -- where each source resumes
 data_changed               step, changes -- the data sources differ from the run's previous attempt
 resume                     step, checkpoint, consumed_samples, from_layout, seconds (load time)
-local_checkpoint_saved     step, seconds, bytes (this rank's shard), nodes, replication, sent_bytes -- a node-
-                           local set committed on every node (train/local_ckpt.py)
+local_checkpoint_saved     step, seconds (start to commit), stall_s (training stalled: the copy), bytes (this
+                           rank's shard), nodes, replication, sent_bytes -- a node-local set committed on every
+                           node (train/local_ckpt.py)
 local_checkpoint_skipped   step, path, node, reason, detail -- a local set (or one node's copy in it) failed
-                           verification or is incomplete; the start passed over it; or a local save failed
+                           verification or is incomplete; the start passed over it, or it changed between the
+                           start's check and its read (reason changed_after_verification: the global checkpoint is
+                           loaded instead); or a local save failed
 resumed_from               tier (global|local|none), step, source, global_step, lost_steps (of the previous
                            attempt's last logged step) -- where this attempt's training state came from
 resume_fallback            skipped (path), reason, detail -- a torn/corrupt checkpoint was passed over

@@ -37,6 +37,9 @@ class Start:
     local: Optional[LocalChoice] = None  # its step set: resume from that local set (train/local_ckpt.py)
     local_nodes: Optional[list] = None  # every rank's node when the local tier is on (set after the broadcast)
     local_saves_off: Optional[str] = None  # why this attempt makes no local saves (a node's directory too small)
+    # when ``local`` is chosen: the global checkpoint it was weighed against (path None: none), where every rank goes
+    # if reading the local set fails its SHA-256 after this decision (train/local_ckpt.py load_start)
+    fallback: Optional[Resume] = None
     # rank 0's hold on the run (recovery.lock.Acquired); the caller keeps it for the attempt, it is not broadcast
     run_lock: Optional[lock.Acquired] = field(default=None, repr=False, compare=False)
 
@@ -107,11 +110,12 @@ def _decide_held(paths: RunPaths, job: Any, held: lock.Acquired, notices: list, 
     res = Resume(plan.path, plan.step, plan.meta)
     local = None
     saves_off = None
+    fallback = None
     if inventories is not None and not scratch:  # the newest complete verified local set, if newer (one source)
         local = choose(res.step, inventories, world=world, layout=layout, identity=identity)
         notices += local.notices
         if local.step is not None:
-            res = Resume(None, local.step, local.meta)
+            fallback, res = res, Resume(None, local.step, local.meta)
     if inventories is not None:  # every node's directory must hold what the planner says (Slurm: first seen here)
         short = room_notices(inventories, read_json(paths.local_plan, storage), res.step)
         notices += short
@@ -121,4 +125,5 @@ def _decide_held(paths: RunPaths, job: Any, held: lock.Acquired, notices: list, 
         return refused(ended[0], ended[1], notices, code=policy.EXIT_COMPLETED, resume=res, identity=identity,
                        local=local, run_lock=held)
     decision = policy.start_decision(paths.run_dir, restart, res.step, job.training, job_id=job_id)
-    return Start(res, decision, notices, identity, local, local_saves_off=saves_off, run_lock=held)
+    return Start(res, decision, notices, identity, local, local_saves_off=saves_off, fallback=fallback,
+                 run_lock=held)

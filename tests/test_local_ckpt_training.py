@@ -7,9 +7,11 @@ One run, three attempts, plus the uninterrupted reference run of the same job:
 2. node1's local directory is removed (a lost node): attempt 1 resumes from the local set of step 6, node0's rank
    from its own copy, node1's from the replica on node0, sent over the process group; it loses no step (the
    global tier alone would have lost 2); it crashes at iteration 11 (local set 10, global 8);
-3. node1's directory is removed again and one byte of node0's replica of node1 is flipped: attempt 2 skips the local
-   set of step 10 with WARNINGs and ``local_checkpoint_skipped`` events, resumes from the global checkpoint of
-   step 8 (the newest verified source) and completes.
+3. one byte of node1's own copy of its shard in the local set of step 10 is flipped: the start passes over that copy
+   (a WARNING and a ``local_checkpoint_skipped`` event) and chooses the set with node1's shard from its replica on
+   node0; between that verification and the read (a test hook holds the ranks) one byte of the replica is flipped
+   too: the read's SHA-256 check fails, every rank agrees, nothing is copied into the model, and attempt 2 resumes
+   from the global checkpoint of step 8 (the newest verified source), with a WARNING and an event, and completes.
 
 Every logged loss of every attempt equals the uninterrupted run's, bitwise, and the report's interruptions count
 the steps each one lost (0 with the local set, 2 with the global checkpoint) and the tier the next attempt resumed
@@ -26,7 +28,9 @@ from pathlib import Path
 
 import pytest
 
+from slurm_cluster import wait_until
 from trainutil import REPO, start_ranks, wait_ranks, write_job
+from train.context import LOCAL_RESTORE_GATE_ENV
 from launch.paths import LocalPaths
 from recovery.events import read_events
 
@@ -49,6 +53,12 @@ def losses(events: list) -> dict:
         if e["event"] == "iteration":
             out.setdefault(e["step"], []).append(e["loss"])
     return out
+
+
+def flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
 
 
 def logs(run_dir: Path) -> str:
@@ -80,20 +90,27 @@ def test_local_sets_resume_from_own_copies_and_replicas_and_fall_back_past_a_cor
     resumed = [e for e in ev if e["event"] == "resumed_from"]
     assert [(e["tier"], e["step"], e["global_step"], e["lost_steps"]) for e in resumed] == [("local", 6, 4, 0)]
     assert "on node(s) node0" in [e for e in ev if e["event"] == "resume"][-1]["checkpoint"]
-    shutil.rmtree(paths.node_dir("node1"))
-    replica = paths.set_dir("node0", 10) / LocalPaths.shard_files("node1", 1)[0]
-    data = bytearray(replica.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    replica.write_bytes(bytes(data))
-
-    assert run_attempt(run_dir, 2) == [0] * WORLD, logs(run_dir)
+    shard = LocalPaths.shard_files("node1", 1)[0]
+    flip(paths.set_dir("node1", 10) / shard)  # node1's own copy: the start passes over it and takes the replica
+    gate = tmp_path / "gate"
+    ranks = start_ranks(run_dir, WORLD, 2, {LOCAL_RESTORE_GATE_ENV: str(gate)}, per_node=PER_NODE)
+    log = run_dir / "logs" / "local_2_rank1.out"
+    wait_until(lambda: log.exists() and "loading the local checkpoint" in log.read_text(), TIMEOUT,
+               "attempt 2 to choose the local set of step 10")
+    flip(paths.set_dir("node0", 10) / shard)  # ... and the replica, after the start verified it
+    gate.touch()
+    assert wait_ranks(ranks, TIMEOUT) == [0] * WORLD, logs(run_dir)
     ev = read_events(run_dir / "events.jsonl")
     resumed = [e for e in ev if e["event"] == "resumed_from"]
     assert [(e["tier"], e["step"], e["lost_steps"]) for e in resumed][1:] == [("global", 8, 2)]
     skipped = [e for e in ev if e["event"] == "local_checkpoint_skipped" and e.get("restart_count") == 2]
     assert any("checksum mismatch node1/rank_00001.safetensors" in e["reason"] for e in skipped), skipped
-    assert any("no verified copy of the shards of node(s) node1" in e["reason"] for e in skipped), skipped
-    assert "WARNING: skipping the local set of step 10" in (run_dir / "logs" / "local_2_rank1.out").read_text()
+    late = [e for e in skipped if e["reason"] == "changed_after_verification"]
+    assert [e["step"] for e in late] == [10] and "sha256 differs" in late[0]["detail"], skipped
+    text = log.read_text()
+    assert "WARNING: skipping the local set of step 10" in text  # the start's pass over node1's own copy
+    assert "WARNING: the local set local_0000010 on node(s) node0" in text and "failed its check while it was read" \
+        in text, text[-3000:]
 
     got = losses(ev)
     assert sorted(got) == list(range(1, ITERS + 1))

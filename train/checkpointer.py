@@ -33,6 +33,7 @@ __all__ = ["Checkpointer", "SaveFailed", "Start", "announce", "configured_interv
 
 
 OUTSIDE_STEPS = 50  # recent steps without a save in flight: the baseline of a save's step-time dip
+LOCAL_SETTLE_S = 30.0  # a failed attempt waits this long for its local save in flight (its peers' threads run on)
 
 
 def find_start(ctx: RankContext) -> Start:
@@ -142,12 +143,18 @@ class Checkpointer:
         return self.async_saves.wait(why)
 
     def close(self) -> None:
-        """No asynchronous save left in flight or half-agreed; the writer and commit thread ended."""
+        """No asynchronous save left in flight or half-agreed; the writer and commit thread ended; the local save in
+        flight (if any) committed or said failed."""
         self.async_saves.close()
+        if self.local is not None:
+            self.local.wait()
 
     def abandon(self, why: str) -> None:
-        """This rank failed: :meth:`train.async_ckpt.AsyncSaves.abandon` (no collective)."""
+        """This rank failed: :meth:`train.async_ckpt.AsyncSaves.abandon` (no collective); a local save in flight may
+        still commit (its thread's peers run on), for at most ``LOCAL_SETTLE_S``."""
         self.async_saves.abandon(why)
+        if self.local is not None:
+            self.local.wait(LOCAL_SETTLE_S)
 
     def _join_warmup(self) -> None:
         """Before the first save: the writer's warm-up (train.async_ckpt.WriterWarmUp) has finished."""
@@ -266,8 +273,10 @@ class Checkpointer:
         """A step is done: the global tier (:meth:`_after_step_global`), then a node-local save when one is due
         (never where a global save is, nor while the replay check holds saves)."""
         self._after_step_global(state, step_s, iters)
-        if self.local is not None and not self.hold_saves and self.local.due(state.step, iters, self.interval,
-                                                                            self.saved_steps):
+        if self.local is None:
+            return
+        self.local.poll()
+        if not self.hold_saves and self.local.due(state.step, iters, self.interval, self.saved_steps):
             self.local.save(state)
 
     def _after_step_global(self, state: Any, step_s: float, iters: int) -> None:

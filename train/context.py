@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import errno
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
@@ -37,6 +38,7 @@ SLOW_RANK_ENV = "SLURMTRON_TEST_SLOW_RANK"  # R:S
 OVERFLOW_AT_ITER_ENV = "SLURMTRON_TEST_OVERFLOW_AT_ITER"  # N[,M...]: every gradient of those iterations is inf
 SAVE_EIO_ENV = "SLURMTRON_TEST_SAVE_EIO"  # K: the first K commits of each attempt fail with EIO
 ASYNC_HANG_AT_ENV = "SLURMTRON_TEST_ASYNC_HANG_AT"  # N: the async writer of step N hangs (sleeps _HANG_S)
+LOCAL_RESTORE_GATE_ENV = "SLURMTRON_TEST_LOCAL_RESTORE_GATE"  # a path: the chosen local set is read once it exists
 OOM_AT_ITER_ENV = "SLURMTRON_TEST_OOM_AT_ITER"  # N: every rank raises torch.cuda.OutOfMemoryError at iteration N
 
 
@@ -61,6 +63,7 @@ class Hooks:
     save_eio: int = 0
     async_hang_at: int = 0
     oom_at_iter: int = 0
+    local_restore_gate: str = ""
 
     @staticmethod
     def from_env(env: Mapping[str, str]) -> "Hooks":
@@ -84,7 +87,16 @@ class Hooks:
             save_eio=int(env.get(SAVE_EIO_ENV) or 0),
             async_hang_at=int(env.get(ASYNC_HANG_AT_ENV) or 0),
             oom_at_iter=int(env.get(OOM_AT_ITER_ENV) or 0),
+            local_restore_gate=env.get(LOCAL_RESTORE_GATE_ENV) or "",
         )
+
+    def hold_local_restore(self, sleep: Callable[[float], None]) -> None:
+        """``SLURMTRON_TEST_LOCAL_RESTORE_GATE``: the start verified the chosen local set; its files are read only once
+        the gate file exists (at most ``_HANG_S``), so a test can change them in between."""
+        waited = 0.0
+        while self.local_restore_gate and not os.path.exists(self.local_restore_gate) and waited < self.hang_s:
+            sleep(0.2)
+            waited += 0.2
 
     def fail_commit(self, nth: int, where: Any) -> None:
         """``SLURMTRON_TEST_SAVE_EIO``: the ``nth`` commit of this attempt (rank 0) fails with EIO if nth <= K."""

@@ -45,6 +45,8 @@ Test hooks, environment switches read by :class:`train.context.Hooks` (never set
     the forked asynchronous writer of step N sleeps ``SLURMTRON_TEST_HANG_S`` before writing (a stuck writer).
 ``SLURMTRON_TEST_OOM_AT_ITER``
     every rank raises ``torch.cuda.OutOfMemoryError`` at iteration N (the OOM forensics without a GPU).
+``SLURMTRON_TEST_LOCAL_RESTORE_GATE`` = ``PATH``
+    every rank reads the local set the start chose only once ``PATH`` exists (so a test can damage it in between).
 ``SLURMTRON_TEST_OVERFLOW_AT_ITER`` = ``N[,M...]``
     after the backward pass of those iterations every rank sets its gradients to inf: with fp16 a
     loss-scale overflow (the step is skipped and the scale lowered), otherwise a non-finite grad norm.

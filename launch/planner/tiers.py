@@ -41,7 +41,8 @@ def node_shard_bytes(job: Job) -> float:
 
 
 def local_save_time_s(job: Job) -> float:
-    """Seconds a local save stalls training (it is synchronous): a node writes its own shards and the
+    """Seconds a local save costs, counted as a stall (an upper bound: the ranks stall only for the copy, the rest runs
+    on a thread beside training, which on a busy host still slows the steps): a node writes its own shards and the
     ``replication - 1`` replicas it receives at ``cluster.local_write_bandwidth_gbs``, and sends its shards to
     ``replication - 1`` peers at the node's inter-node bandwidth (``ib_bandwidth_gbs`` per GPU)."""
     c, copies = job.cluster, max(1, job.training.local_checkpoint.replication)
