@@ -10,7 +10,6 @@ inventories, lets rank 0 call this and broadcasts the :class:`Start` it returns 
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
@@ -22,7 +21,7 @@ from recovery.identity import run_identity
 from recovery.local_sets import Inventory, LocalChoice, choose, room_notices
 from recovery.policy import Decision
 from recovery.resume import Resume, committed_steps, plan_resume
-from recovery.storage import LocalStorage
+from recovery.storage import LocalStorage, read_json_dict
 from recovery.trust import trusts_shared
 
 
@@ -46,15 +45,6 @@ class Start:
     @property
     def ok(self) -> bool:
         return bool(self.decision.ok)
-
-
-def read_json(path: Any, storage: LocalStorage) -> Optional[dict]:
-    """A small JSON file the login side wrote (``local_plan.json``), or None when it is missing or unreadable."""
-    try:
-        doc = json.loads(storage.read_text(path))
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 def refused(reason: str, detail: str, notices: list, code: Optional[int] = None,
@@ -117,7 +107,7 @@ def _decide_held(paths: RunPaths, job: Any, held: lock.Acquired, notices: list, 
         if local.step is not None:
             fallback, res = res, Resume(None, local.step, local.meta)
     if inventories is not None:  # every node's directory must hold what the planner says (Slurm: first seen here)
-        short = room_notices(inventories, read_json(paths.local_plan, storage), res.step)
+        short = room_notices(inventories, read_json_dict(paths.local_plan, storage), res.step)
         notices += short
         saves_off = short[0]["message"] if short else None
     ended = stop.start_refusal(paths.stop_request, res.step, job_id)  # a cancel or a drain ended the run

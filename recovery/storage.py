@@ -253,3 +253,13 @@ class LocalStorage:
 def atomic_write_json(path: Path, doc: Any, storage: Optional[LocalStorage] = None) -> None:
     """:meth:`LocalStorage.atomic_write_json` on ``storage`` (the real filesystem by default)."""
     (storage or LocalStorage()).atomic_write_json(path, doc)
+
+
+def read_json_dict(path: Path, storage: Optional[LocalStorage] = None) -> Optional[dict]:
+    """A small JSON object another process of this run wrote, or None when it is missing, unreadable or not an object
+    (the callers treat all three alike)."""
+    try:
+        doc = json.loads((storage or LocalStorage()).read_text(path))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None

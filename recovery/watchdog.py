@@ -48,7 +48,7 @@ from launch.paths import HANG_SUMMARY, RunPaths
 from recovery import hang_report, policy
 from recovery.events import EventLog
 from recovery.hang_report import Limits, Watch
-from recovery.storage import atomic_write_json
+from recovery.storage import atomic_write_json, read_json_dict
 
 DUMP_SIGNAL = signal.SIGQUIT  # the JVM's "thread dump" convention; never sent by Slurm
 IGNORED = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP)
@@ -142,14 +142,6 @@ def proc_state(pid: int) -> str:
         return text[text.rindex(")") + 2:].split()[0]
     except (OSError, ValueError, IndexError):
         return ""
-
-
-def _read_json(path: Path) -> Optional[dict]:
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
 
 
 class Watcher:
@@ -278,13 +270,13 @@ class Watcher:
         """Rank 0's watcher: collect every report, name suspects and victims, record the hang."""
         paths = [self.dir / f"rank{r}.json" for r in range(self.world)]
         self._wait_for(lambda: all(p.exists() for p in paths), COLLECT_S)
-        reports = {r: _read_json(p) for r, p in enumerate(paths)}
-        trigger = _read_json(self.dir / "trigger.json") or {}
+        reports = {r: read_json_dict(p) for r, p in enumerate(paths)}
+        trigger = read_json_dict(self.dir / "trigger.json") or {}
         summary = hang_report.classify(reports, self.world)
         summary.update(missed=trigger, job_id=self.a.get("job_id"), restart=int(self.a["restart"]),
                        dump="faulthandler (SIGQUIT)", directory=str(self.dir), detected=detected,
                        ended=self.wall())
-        prev = _read_json(hang_dir(Path(self.a["hangs"]), self.a.get("job_id"), int(self.a["restart"]) - 1)
+        prev = read_json_dict(hang_dir(Path(self.a["hangs"]), self.a.get("job_id"), int(self.a["restart"]) - 1)
                           / HANG_SUMMARY) if int(self.a["restart"]) > 0 else None
         repeat = hang_report.repeat_offenders(summary, prev)
         summary["excluded"] = repeat if self.a.get("job_id") else []
