@@ -338,7 +338,8 @@ class LocalTier:
             if error is None:
                 error = self._write(staging, {rels[0]: tb, rels[1]: jb}, written)
             del tb, jb
-        own = {rel: (len(b), local_sets.sha256_of(b)) for rel, b in zip(own_rels, (t_bytes, j_bytes))}
+        own = {rel: tuple(written[rel]) if rel in written else (len(b), local_sets.sha256_of(b))  # hashed once
+               for rel, b in zip(own_rels, (t_bytes, j_bytes))}
         reports = all_gather({"rank": ctx.rank, "node": self.node, "error": error, "own": own, "written": written},
                              group)
         problem = self._agree(reports)
