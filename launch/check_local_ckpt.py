@@ -17,6 +17,7 @@ from typing import Callable, Optional
 from launch.config import Job
 from launch.planner.tiers import node_shard_bytes
 from launch.problems import Problem
+from recovery.storage import size_text
 
 F = "training.local_checkpoint."
 
@@ -45,12 +46,8 @@ def local_plan(job: Job) -> dict:
     lc, shard = job.training.local_checkpoint, node_shard_bytes(job)
     need = needed_bytes(job)
     return {"node_shard_bytes": shard, "needed_bytes": need, "keep": lc.keep, "replication": lc.replication,
-            "arithmetic": f"(keep {lc.keep} + 1 being written) x replication {lc.replication} x {_gb(shard)} per "
-                          f"node = {_gb(need)}"}
-
-
-def _gb(n: float) -> str:
-    return f"{n / 1e9:.3g} GB" if n >= 1e9 else f"{n / 1e6:.3g} MB"
+            "arithmetic": f"(keep {lc.keep} + 1 being written) x replication {lc.replication} x {size_text(shard)} per "
+                          f"node = {size_text(need)}"}
 
 
 def problems(job: Job, free_bytes: Callable[[str], Optional[int]] = probe_free_bytes) -> list[Problem]:
@@ -92,7 +89,7 @@ def problems(job: Job, free_bytes: Callable[[str], Optional[int]] = probe_free_b
     if free is not None and free < need:
         out.append(Problem(
             "cluster.local_checkpoint_dir", "too small for the local sets of one node",
-            f"free {_gb(free)} < (keep {lc.keep} + 1 being written) x replication {lc.replication} x "
-            f"{_gb(node_shard_bytes(job))} per node = {_gb(need)}",
+            f"free {size_text(free)} < (keep {lc.keep} + 1 being written) x replication {lc.replication} x "
+            f"{size_text(node_shard_bytes(job))} per node = {size_text(need)}",
             f"free space there, choose a larger node-local directory, or lower {F}replication / {F}keep"))
     return out

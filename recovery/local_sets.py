@@ -38,7 +38,7 @@ from launch.paths import (
     local_set_name,
     parse_local_set_name,
 )
-from recovery.storage import HASH_NAME, LocalStorage, digest_key
+from recovery.storage import HASH_NAME, LocalStorage, digest_key, size_text
 
 FORMAT = "slurmtron-local-checkpoint"
 FORMAT_VERSION = 1
@@ -213,15 +213,11 @@ def room_notices(inventories: Iterable[Inventory], plan: Optional[dict], step: O
         out.append({"event": EventKind.LOCAL_CHECKPOINT_SKIPPED, "step": step, "path": None, "node": inv.node,
                     "reason": "no_space",
                     "message": f"local saves are off for this attempt: node {inv.node}'s local directory can hold "
-                               f"{_size(inv.room_bytes)} for this run < {plan.get('arithmetic') or _size(need)}; "
+                               f"{size_text(inv.room_bytes)} for this run < {plan.get('arithmetic') or size_text(need)}; "
                                f"free space there, choose a larger node-local directory "
                                f"(cluster.local_checkpoint_dir), or lower training.local_checkpoint.replication / "
                                f"keep (the global checkpoints go on)"})
     return out
-
-
-def _size(n: float) -> str:
-    return f"{n / 1e9:.3g} GB" if n >= 1e9 else f"{n / 1e6:.3g} MB"
 
 
 def scan_node(node_dir: Path, node: str, *, identity: Optional[dict] = None,

@@ -263,3 +263,8 @@ def read_json_dict(path: Path, storage: Optional[LocalStorage] = None) -> Option
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) else None
+
+
+def size_text(n: float) -> str:
+    """Bytes as the checks and notices print them: ``1.64 GB``, ``547 MB``."""
+    return f"{n / 1e9:.3g} GB" if n >= 1e9 else f"{n / 1e6:.3g} MB"
