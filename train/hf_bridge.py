@@ -51,8 +51,6 @@ def local_name(gname: str) -> str:
 def to_hf(sd: Tensors, model: Any) -> Tensors:
     """Full Megatron tensors (TP1 names, TE or local spec) -> ``LlamaForCausalLM`` state dict."""
     sd = {local_name(k): v for k, v in sd.items() if not k.endswith("_extra_state")}
-    nq, g, d, h = model.num_attention_heads, hf_config.query_groups(model), hf_config.head_dim(model), model.hidden_size
-    per = nq // g
     out = {"model.embed_tokens.weight": sd["embedding.word_embeddings.weight"],
            "model.norm.weight": sd["decoder.final_layernorm.weight"]}
     if model.untie_embeddings_and_output_weights:
@@ -66,10 +64,9 @@ def to_hf(sd: Tensors, model: Any) -> Tensors:
             qkv = sd.get(a + "linear_qkv." + suffix)
             if qkv is None:
                 continue
-            grouped = qkv.reshape(g, (per + 2) * d, *qkv.shape[1:])
-            out[hf + "self_attn.q_proj." + suffix] = grouped[:, : per * d].reshape(nq * d, *qkv.shape[1:])
-            out[hf + "self_attn.k_proj." + suffix] = grouped[:, per * d:(per + 1) * d].reshape(g * d, *qkv.shape[1:])
-            out[hf + "self_attn.v_proj." + suffix] = grouped[:, (per + 1) * d:].reshape(g * d, *qkv.shape[1:])
+            q, k, v = _qkv_split(qkv, model)
+            out[hf + "self_attn.q_proj." + suffix], out[hf + "self_attn.k_proj." + suffix] = q, k
+            out[hf + "self_attn.v_proj." + suffix] = v
             out[hf + "self_attn.o_proj." + suffix] = sd[a + "linear_proj." + suffix]
             gate, up = sd[f + "linear_fc1." + suffix].chunk(2, dim=0)
             out[hf + "mlp.gate_proj." + suffix], out[hf + "mlp.up_proj." + suffix] = gate, up
