@@ -73,6 +73,7 @@ def test_failed_node_is_excluded_on_the_retry(slurm_cluster: Cluster, tmp_path: 
     pool = spec.node_names[:2]  # the job may use only these two, so the retry could land on the failed one
     run_dir = tmp_path / "badnode"
     overrides = ["cluster=slurm_local", f"cluster.run_root={tmp_path}", "run.name=badnode", "cluster.nodes=1",
+                 "cluster.gpus_per_node=1", "parallelism=tp1",
                  "run.time_limit_min=5", "training.train_iters=12", "training.checkpoint_interval=2",
                  f"cluster.exclude='{','.join(spec.node_names[2:])}'"]
     env = {**slurm_cluster.env, "SLURMTRON_TEST_STEP_SLEEP_S": "1"}

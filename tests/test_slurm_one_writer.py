@@ -85,7 +85,8 @@ def test_a_duplicate_job_started_by_hand_exits_once_and_writes_nothing(slurm_clu
     run_dir = tmp_path / "held"
     cmd = [sys.executable, str(REPO / "launch" / "pretrain.py"), "cluster=slurm_local",
            f"cluster.python={sys.executable}", f"run.dir={run_dir}", f"run.name={run_dir.name}",
-           "run.time_limit_min=10", "+cluster.env.SLURMTRON_TEST_STEP_SLEEP_S=20"]  # the holder outlives the test
+           "run.time_limit_min=10", "+cluster.env.SLURMTRON_TEST_STEP_SLEEP_S=20",  # the holder outlives the test
+           "cluster.nodes=1", "cluster.gpus_per_node=1", "parallelism=tp1"]  # one rank a job: the lock is the subject
     first = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=slurm_cluster.env, cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     [holder] = job_ids(run_dir)
