@@ -283,7 +283,7 @@ class LocalTier:
         self._report()
 
     def _report(self) -> None:
-        thread, out, step, stall = self.inflight
+        _thread, out, step, stall = self.inflight
         self.inflight = None
         ctx = self.ctx
         if not out.get("ok"):
