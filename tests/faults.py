@@ -33,6 +33,7 @@ from launch.paths import RunPaths
 from recovery.commit import parse_dir_name, staging_path
 from recovery.events import parse_json_lines, read_events
 from recovery.policy import EXIT_COMPLETED, EXIT_MAX_RESTARTS, EXIT_NAN, EXIT_ZERO_PROGRESS
+from warm_ranks import rank_popen
 
 LOG_PREFIX = "faults"  # logs/faults_<restart>_rank<r>.out
 KINDS = ("signal_all", "signal_rank", "kill_rank", "kill_in_save", "corrupt_latest", "stop_rank")
@@ -242,7 +243,7 @@ def run_attempt(
     att.started = clock()
     ranks = Ranks(argv=["-m", WORKER_MODULE, str(run_dir)], world=world,
                   log_path=lambda r: paths.rank_log(restart, r, prefix=LOG_PREFIX), env=base, attempt=restart,
-                  python=python, clock=clock, poll_s=poll_s).start()
+                  python=python, clock=clock, poll_s=poll_s, popen=rank_popen()).start()
     done = ranks.wait(timeout_s=timeout_s, grace_s=kill_grace_s, healthy=(EXIT_COMPLETED,), tick=injector)
     att.codes, att.timed_out = done.codes, done.timed_out
     att.ended = clock()

@@ -33,6 +33,7 @@ from recovery import policy
 from recovery.commit import final_path
 from recovery.events import read_events
 from recovery.resume import find_latest_verified
+from warm_ranks import rank_popen
 
 pytestmark = pytest.mark.training
 
@@ -168,7 +169,7 @@ def test_disk_full_during_an_async_write_stops_cleanly_and_resumes_bitwise_equal
     paths = RunPaths.of(run_dir)
     ranks = Ranks(argv=["-m", WORKER_MODULE, str(run_dir)], world=WORLD,
                   log_path=lambda r: paths.rank_log(0, r, prefix="faults"),
-                  env={**os.environ, **STEP_SLEEP, **WRITE_SLEEP}, attempt=0).start()
+                  env={**os.environ, **STEP_SLEEP, **WRITE_SLEEP}, attempt=0, popen=rank_popen()).start()
     done = ranks.wait(timeout_s=240, grace_s=5, healthy=(0,), tick=fill)
     logs = lambda: write_rank_logs_tail(run_dir)  # noqa: E731
     assert done.codes == [policy.EXIT_DISK_FULL] * WORLD, (done.codes, logs())

@@ -21,6 +21,7 @@ from launch.compose import compose_job, job_to_yaml  # noqa: E402
 from launch.local import WORKER_MODULE, Ranks  # noqa: E402
 from launch.paths import RunPaths  # noqa: E402
 from recovery.events import read_events  # noqa: E402
+from warm_ranks import rank_popen  # noqa: E402
 
 
 @dataclass
@@ -58,7 +59,7 @@ def start_ranks(run_dir: Path, world: int, attempt: int = 0, extra_env: Optional
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(extra_env or {})}
     paths = RunPaths.of(run_dir)
     return Ranks(argv=["-m", WORKER_MODULE, str(run_dir)], world=world, log_path=lambda r: paths.rank_log(attempt, r),
-                 env=env, attempt=attempt, per_node=per_node).start()
+                 env=env, attempt=attempt, per_node=per_node, popen=rank_popen()).start()
 
 
 def wait_ranks(ranks: Ranks, timeout: float) -> List[int]:
