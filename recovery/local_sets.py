@@ -25,9 +25,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from launch.kinds import EventKind
 from launch.paths import (
@@ -42,6 +43,9 @@ from recovery.storage import HASH_NAME, LocalStorage, digest_key, size_text
 
 FORMAT = "slurmtron-local-checkpoint"
 FORMAT_VERSION = 1
+# a file whose last change is this recent when it is verified may change again within the same tick of the
+# filesystem's clock without a new ctime: its identity is not recorded, and the restore hashes it again
+RACY_S = 2.0
 
 
 # ---- the ring ---------------------------------------------------------------------------------------------
@@ -105,11 +109,14 @@ def owner_of(rel: str) -> str:
     return rel.split("/", 1)[0]
 
 
-def verify_set(path: Path, *, storage: Optional[LocalStorage] = None) -> tuple[Optional[dict], Dict[str, Optional[str]], Optional[str]]:
+def verify_set(path: Path, *, storage: Optional[LocalStorage] = None, now: Optional[float] = None,
+               seen: Optional[Dict[str, list]] = None) -> tuple[Optional[dict], Dict[str, Optional[str]], Optional[str]]:
     """(manifest, {owner node: None if its files verify, else why}, reason the whole directory is unusable).
 
     Each file is checked for presence, size and SHA-256 against the manifest, per owner node, so a damaged
-    replica does not cost the holder's own shards."""
+    replica does not cost the holder's own shards. ``seen`` (when given) gets each verified file's identity
+    (:meth:`LocalStorage.identity`, taken before it was hashed) unless its last change is within :data:`RACY_S`
+    of ``now``: while the identity is unchanged the file is the one verified (:func:`read_checked`)."""
     st = storage or LocalStorage()
     parsed = parse_local_set_name(Path(path).name)
     if parsed is None or parsed[1]:
@@ -129,6 +136,7 @@ def verify_set(path: Path, *, storage: Optional[LocalStorage] = None) -> tuple[O
         return None, {}, "manifest lists no files"
     key = digest_key(doc.get("hash") or HASH_NAME)
     verdict: Dict[str, Optional[str]] = {}
+    now = time.time() if now is None else now
     for rel in sorted(files):
         owner = owner_of(rel)
         if verdict.get(owner):
@@ -147,12 +155,15 @@ def verify_set(path: Path, *, storage: Optional[LocalStorage] = None) -> tuple[O
             verdict[owner] = f"size mismatch {rel}: {size} bytes on disk, {files[rel].get('size')} in manifest"
             continue
         try:
+            ident = st.identity(p)
             _n, digest = st.digest(p, hash_name=doc.get("hash") or HASH_NAME)
         except OSError as e:
             verdict[owner] = f"cannot read {rel}: {e}"
             continue
         if digest != files[rel].get(key):
             verdict[owner] = f"checksum mismatch {rel}: sha256 {digest[:16]}... != manifest {str(files[rel].get(key))[:16]}..."
+        elif seen is not None and now - ident[4] / 1e9 > RACY_S:
+            seen[rel] = list(ident)
     return doc, verdict, None
 
 
@@ -169,9 +180,10 @@ class HeldSet:
     world: int
     layout: Any
     rank_nodes: List[str]
-    files: Dict[str, dict]  # the manifest's files (the loader checks each SHA-256 again)
+    files: Dict[str, dict]  # the manifest's files
     meta: dict = field(default_factory=dict)
     run: Optional[dict] = None  # the manifest's owner: run name, id, model shape
+    seen: Dict[str, list] = field(default_factory=dict)  # rel -> identity when verified (the loader's check)
 
 
 @dataclass
@@ -221,7 +233,7 @@ def room_notices(inventories: Iterable[Inventory], plan: Optional[dict], step: O
 
 
 def scan_node(node_dir: Path, node: str, *, identity: Optional[dict] = None,
-              storage: Optional[LocalStorage] = None) -> Inventory:
+              storage: Optional[LocalStorage] = None, clock: Callable[[], float] = time.time) -> Inventory:
     """Verify every committed local set in ``node_dir`` (SHA-256 of every file); staging and pruned ones are not
     candidates. A set of another run (its manifest's run name or id) is skipped, never loaded."""
     st = storage or LocalStorage()
@@ -233,7 +245,8 @@ def scan_node(node_dir: Path, node: str, *, identity: Optional[dict] = None,
         if parsed is None or parsed[1] in (STAGING_SUFFIX, DELETE_SUFFIX):
             continue
         path = Path(node_dir) / name
-        doc, verdict, why = verify_set(path, storage=st)
+        seen: Dict[str, list] = {}
+        doc, verdict, why = verify_set(path, storage=st, now=clock(), seen=seen)
         if why is not None:
             inv.skipped.append((str(path), parsed[0], "", why))
             continue
@@ -249,7 +262,7 @@ def scan_node(node_dir: Path, node: str, *, identity: Optional[dict] = None,
                                 owners=sorted(o for o, r in verdict.items() if r is None),
                                 world=int(doc.get("world") or 0), layout=doc.get("layout"),
                                 rank_nodes=list(doc.get("rank_nodes") or []), files=doc["files"],
-                                meta=doc.get("meta") or {}, run=run or None))
+                                meta=doc.get("meta") or {}, run=run or None, seen=seen))
     return inv
 
 
@@ -262,6 +275,7 @@ class LocalChoice:
     step: Optional[int] = None
     sources: Dict[int, tuple] = field(default_factory=dict)  # rank -> (holder node, path of the set, owner node)
     files: Dict[int, Dict[str, dict]] = field(default_factory=dict)  # rank -> {rel: manifest entry} of its 2 files
+    seen: Dict[int, Dict[str, list]] = field(default_factory=dict)  # rank -> {rel: identity when verified}
     meta: dict = field(default_factory=dict)
     notices: list = field(default_factory=list)  # each a WARNING and a local_checkpoint_skipped event
     global_step: Optional[int] = None  # the newest verified global checkpoint's step it was weighed against
@@ -341,6 +355,7 @@ def choose(global_step: Optional[int], inventories: Iterable[Inventory], *, worl
             rels = LocalPaths.shard_files(owner, rank)
             out.sources[rank] = (h.holder, h.path, owner)
             out.files[rank] = {rel: h.files[rel] for rel in rels}
+            out.seen[rank] = {rel: h.seen[rel] for rel in rels if rel in h.seen}
         return out
     return out
 
@@ -368,6 +383,20 @@ def fetch_plan(choice: LocalChoice, rank_nodes_now: Sequence[str]) -> Dict[int, 
 def sha256_of(data: Any) -> str:
     """SHA-256 of bytes or a uint8 array (its buffer, not a copy): what a manifest records."""
     return hashlib.new(HASH_NAME, memoryview(data)).hexdigest()
+
+
+def read_checked(path: Path, entry: dict, seen: Optional[list], storage: LocalStorage) -> bytes:
+    """A file of the chosen set, as verified at the start: when its identity before and after the read is still
+    the one the start's verification saw (``seen``), the start's SHA-256 stands; otherwise (changed since, or no
+    identity recorded) its size and SHA-256 are checked against the manifest ``entry`` again. Raises ValueError
+    for a file that changed, OSError for one that cannot be read."""
+    before = list(storage.identity(path))
+    data = storage.read_bytes(path)
+    if seen is not None and before == list(seen) == list(storage.identity(path)) and len(data) == entry.get("size"):
+        return data
+    if len(data) != entry.get("size") or sha256_of(data) != entry.get(digest_key(HASH_NAME)):
+        raise ValueError(f"{path} changed since the start verified it (sha256 differs)")
+    return data
 
 
 def begin_set(paths: LocalPaths, node: str, step: int, storage: LocalStorage) -> Path:

@@ -165,6 +165,16 @@ class LocalStorage:
         st = os.statvfs(path)
         return st.f_bavail * st.f_frsize
 
+    def identity(self, path: Path) -> tuple:
+        """What changes whenever a file's content may have: (device, inode, size, mtime ns, ctime ns). A write,
+        a truncate, a rename over it or a touch changes the ctime, which no user can set back."""
+        s = os.stat(path)
+        return (s.st_dev, s.st_ino, s.st_size, s.st_mtime_ns, s.st_ctime_ns)
+
+    def read_bytes(self, path: Path) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
     def read_text(self, path: Path) -> str:
         with open(path, "r", encoding="utf-8") as f:
             return f.read()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -127,6 +129,38 @@ def test_a_corrupt_replica_costs_only_that_copy_and_an_older_complete_set_is_nex
     inv = local_sets.scan_node(LocalPaths(tmp_path, "tiny").node_dir("node0"), "node0")
     held6 = [s for s in inv.sets if s.step == 6][0]
     assert held6.owners == ["node0"]  # its own shards still verify
+
+
+def test_the_restore_takes_a_file_unchanged_since_its_verification_and_hashes_any_other_again(tmp_path):
+    d = write_set(tmp_path, "node0", 6, ["node0", "node1"])
+    node_dir, st = LocalPaths(tmp_path, "tiny").node_dir("node0"), local_sets.LocalStorage()
+    rel = LocalPaths.shard_files("node0", 0)[0]
+    data = (d / rel).read_bytes()
+    later = lambda: time.time() + 60  # noqa: E731 (verified a minute after the save)
+    (held,) = local_sets.scan_node(node_dir, "node0", clock=later).sets
+    entry, seen = held.files[rel], held.seen[rel]
+    assert set(held.seen) == set(held.files) and seen == list(st.identity(d / rel))
+    # unchanged: the start's SHA-256 stands (a manifest entry that no longer matches would fail a hash)
+    assert local_sets.read_checked(d / rel, {**entry, "sha256": "0" * 64}, seen, st) == data
+    # replaced since (same size, one byte flipped, renamed over it): hashed again and refused
+    flipped = bytearray(data)
+    flipped[5] ^= 1
+    (d / "new").write_bytes(bytes(flipped))
+    os.replace(d / "new", d / rel)
+    with pytest.raises(ValueError, match="changed since the start verified it"):
+        local_sets.read_checked(d / rel, entry, seen, st)
+    (d / rel).write_bytes(data)  # the original bytes again, under a new identity: hashed, and they match
+    assert local_sets.read_checked(d / rel, entry, seen, st) == data
+    # a file changed less than RACY_S before its verification gets no identity: it is always hashed again
+    (held,) = local_sets.scan_node(node_dir, "node0").sets
+    assert rel not in held.seen and held.owners == ["node0", "node1"]
+    with pytest.raises(ValueError, match="changed since"):
+        local_sets.read_checked(d / rel, {**entry, "sha256": "0" * 64}, None, st)
+    # the choice carries each rank's identities to its reader
+    ring_of_sets(tmp_path, 8)
+    got = local_sets.choose(None, [local_sets.scan_node(LocalPaths(tmp_path, "tiny").node_dir(n), n, clock=later)
+                                   for n in ("node0", "node1")], world=4, layout=LAYOUT, identity=IDENTITY)
+    assert got.step == 8 and set(got.seen[2]) == set(LocalPaths.shard_files("node1", 2))
 
 
 def test_sets_of_another_layout_world_or_run_and_uncommitted_ones_are_never_loaded(tmp_path):
