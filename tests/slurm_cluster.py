@@ -466,6 +466,18 @@ class Cluster:
         """``stn[1-2]`` -> ``['stn1', 'stn2']`` (Slurm's own expansion)."""
         return self.run("scontrol", "show", "hostnames", nodelist).stdout.split()
 
+    def in_service(self, node: str) -> bool:
+        """Whether ``node`` takes jobs. A node Slurm drained itself because a killed step's processes outlived
+        UnkillableStepTimeout ("Kill task failed": a 2-core machine at load 20 can take that long to tear a rank
+        down) is resumed here, as its admin would: the scenarios that kill nodes need them all back afterwards."""
+        state = self.node_state(node)
+        if state.startswith("drain") or state == "drng":
+            reason = self.run("sinfo", "-h", "-n", node, "-p", self.spec.partition, "-o", "%E", check=False).stdout
+            if "Kill task failed" in reason:
+                self.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+                state = self.node_state(node)
+        return state in ("idle", "mix", "alloc")
+
     def node_state(self, node: str) -> str:
         res = self.run("sinfo", "-h", "-n", node, "-p", self.spec.partition, "-o", "%t", check=False)
         return res.stdout.strip()

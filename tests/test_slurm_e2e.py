@@ -167,7 +167,7 @@ def node_down(cluster: Cluster, d: Path) -> Run:
         wait_until(lambda: len(cluster.sacct(run.job_id)) >= 2, 120, f"job {run.job_id} to be requeued", interval=1)
     finally:  # ReturnToService=2 usually has it back already (its slurmd answers); if not, resume it
         cluster.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
-    wait_until(lambda: cluster.node_state(node) in ("idle", "mix", "alloc"), 120, f"{node} back in service")
+    wait_until(lambda: cluster.in_service(node), 120, f"{node} back in service")
     return finish(cluster, run)
 
 
@@ -188,7 +188,7 @@ def node_crash(cluster: Cluster, d: Path) -> Run:
                    180, f"job {run.job_id} to run again", interval=1)
     finally:
         cluster.restart_slurmd(node)
-    wait_until(lambda: cluster.node_state(node) in ("idle", "mix", "alloc"), 120, f"{node} back in service")
+    wait_until(lambda: cluster.in_service(node), 120, f"{node} back in service")
     return finish(cluster, run)
 
 
@@ -573,8 +573,7 @@ def scenarios(request: pytest.FixtureRequest, slurm_cluster: Cluster,
         for pool in pools.values():
             pool.shutdown(wait=True, cancel_futures=True)
         for node in slurm_cluster.spec.node_names:  # a node a scenario killed is back for the next module
-            wait_until(lambda: slurm_cluster.node_state(node) in ("idle", "mix", "alloc"), 180,
-                       f"{node} back in service")
+            wait_until(lambda: slurm_cluster.in_service(node), 180, f"{node} back in service")
 
 
 def after(gate: Future, fn: Callable[[Cluster, Path], object]) -> Callable[[Cluster, Path], object]:
