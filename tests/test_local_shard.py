@@ -15,7 +15,8 @@ from train.local_ckpt import shard_views
 def test_views_of_a_shard_equal_safetensors_own_load_for_every_dtype_and_shape():
     tensors = {"model0/w": torch.randn(3, 5), "optim0/state/0/0/exp_avg": torch.randn(7).to(torch.bfloat16),
                "optim0/scaler/scale": torch.tensor(65536.0, dtype=torch.float16), "steps": torch.arange(3),
-               "mask": torch.tensor([True, False]), "empty": torch.empty(0, 4), "u8": torch.arange(5, dtype=torch.uint8)}
+               "mask": torch.tensor([True, False]), "empty": torch.empty(0, 4),
+               "u8": torch.arange(5, dtype=torch.uint8)}
     blob = st_save(tensors)
     want, got = st_load(blob), shard_views(blob)
     assert set(got) == set(want)

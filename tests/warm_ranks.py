@@ -67,8 +67,14 @@ def serve(path: str) -> Optional[dict]:
             conn, _addr = srv.accept()
             msg, fds, _flags, _addr = socket.recv_fds(conn, 1 << 20, 1)
             job = json.loads(msg)
+            started_r, started_w = os.pipe()
             pid = os.fork()
             if pid == 0:
+                if job.get("session"):
+                    os.setsid()  # before the client hears the pid: it may signal the session at once
+                os.write(started_w, b"x")
+                os.close(started_w)
+                os.close(started_r)
                 srv.close()
                 conn.close()
                 for c in waiting.values():
@@ -76,6 +82,9 @@ def serve(path: str) -> Optional[dict]:
                 job["fd"] = fds[0]
                 return job
             os.close(fds[0])
+            os.close(started_w)
+            os.read(started_r, 1)  # the child is in its own session (or gone: then EOF)
+            os.close(started_r)
             conn.send(json.dumps({"pid": pid}).encode())
             waiting[pid] = conn
         while waiting:
@@ -96,12 +105,11 @@ def serve(path: str) -> Optional[dict]:
 
 
 def become(job: dict) -> None:
-    """In the forked child: be ``python -m <module> <args>`` started with ``job``'s session, directory,
-    environment and output; returns when the module has run (the interpreter then exits as usual)."""
+    """In the forked child (already in its own session when asked for): be ``python -m <module> <args>`` with
+    ``job``'s directory, environment and output; returns when the module has run (the interpreter then exits as
+    usual)."""
     import runpy
 
-    if job.get("session"):
-        os.setsid()
     os.chdir(job["cwd"])
     fd = job["fd"]
     os.dup2(fd, 1)
