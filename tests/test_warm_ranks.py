@@ -44,8 +44,11 @@ def test_a_warm_rank_is_in_its_own_session_and_dies_of_a_signal_like_a_child(tmp
     with open(tmp_path / "rank0.out", "ab") as out:
         proc = rank_popen()([sys.executable, "-m", WORKER_MODULE, str(run_dir)], env=env, cwd=str(REPO), stdout=out,
                             stderr=subprocess.STDOUT, start_new_session=True)
-    assert isinstance(proc, WarmProc)
-    assert os.getpgid(proc.pid) == proc.pid and os.getsid(proc.pid) == proc.pid
-    assert proc.poll() is None
-    proc.send_signal(signal.SIGKILL)
-    assert proc.wait(60) == -signal.SIGKILL and proc.poll() == -signal.SIGKILL
+    try:
+        assert isinstance(proc, WarmProc)
+        assert os.getpgid(proc.pid) == proc.pid and os.getsid(proc.pid) == proc.pid
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(60) == -signal.SIGKILL and proc.poll() == -signal.SIGKILL
+    finally:  # a failed check must not leave the rank waiting at its rendezvous
+        proc.kill()
