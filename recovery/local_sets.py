@@ -110,7 +110,8 @@ def owner_of(rel: str) -> str:
 
 
 def verify_set(path: Path, *, storage: Optional[LocalStorage] = None, now: Optional[float] = None,
-               seen: Optional[Dict[str, list]] = None) -> tuple[Optional[dict], Dict[str, Optional[str]], Optional[str]]:
+               seen: Optional[Dict[str, list]] = None
+               ) -> tuple[Optional[dict], Dict[str, Optional[str]], Optional[str]]:
     """(manifest, {owner node: None if its files verify, else why}, reason the whole directory is unusable).
 
     Each file is checked for presence, size and SHA-256 against the manifest, per owner node, so a damaged

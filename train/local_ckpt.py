@@ -485,11 +485,14 @@ class LocalTier:
 
     def _read(self, choice: Any, rank: int) -> List[bytes]:
         """Rank ``rank``'s two files (tensors, JSON) from the chosen set on this node, each the file the start
-        verified (:func:`recovery.local_sets.read_checked`: unchanged since, or its SHA-256 checked again)."""
+        verified (:func:`recovery.local_sets.read_checked`: unchanged since, or its SHA-256 checked again). Raises
+        ValueError (a changed file, a tensor header that does not describe its data) or OSError."""
         _holder, set_path, owner = choice.sources[rank]
         seen = choice.seen.get(rank) or {}
-        return [local_sets.read_checked(Path(set_path) / rel, choice.files[rank][rel], seen.get(rel), self.ctx.storage)
-                for rel in LocalPaths.shard_files(owner, rank)]
+        files = [local_sets.read_checked(Path(set_path) / rel, choice.files[rank][rel], seen.get(rel), self.ctx.storage)
+                 for rel in LocalPaths.shard_files(owner, rank)]
+        shard_views(files[0])  # a header that does not describe its data: refused here, before the ranks agree
+        return files
 
 
 # ---- the start ----------------------------------------------------------------------------------------------
