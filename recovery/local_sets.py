@@ -410,14 +410,16 @@ def begin_set(paths: LocalPaths, node: str, step: int, storage: LocalStorage) ->
     return staging
 
 
-def write_files(staging: Path, files: Mapping[str, Any], storage: LocalStorage) -> Dict[str, tuple]:
-    """Write and fsync each of ``files`` ({rel: bytes}) under ``staging``: {rel: (size, sha256)}. Raises OSError."""
+def write_files(staging: Path, files: Mapping[str, Any], storage: LocalStorage, *,
+                hashed: bool = True) -> Dict[str, tuple]:
+    """Write and fsync each of ``files`` ({rel: bytes}) under ``staging``: {rel: (size, sha256)}, the SHA-256 None
+    when not ``hashed`` (a replica: its sender hashed the same bytes). Raises OSError."""
     out: Dict[str, tuple] = {}
     for rel, data in files.items():
         path = Path(staging) / rel
         storage.makedirs(path.parent)
         storage.write_bytes(path, data)
-        out[rel] = (len(data), sha256_of(data))
+        out[rel] = (len(data), sha256_of(data) if hashed else None)
     return out
 
 

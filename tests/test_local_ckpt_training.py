@@ -126,3 +126,49 @@ def test_local_sets_resume_from_own_copies_and_replicas_and_fall_back_past_a_cor
         rows = list(csv.DictReader(f))
     assert [(r["attempt"], r["last_step"], r["steps_lost"], r["resumed_tier"]) for r in rows] == [
         ("0", "6", "0", "local"), ("1", "10", "2", "global")]
+
+
+DP_JOB = ["cluster=local", "model=tiny", "parallelism=tiny", "parallelism.tp=1", "parallelism.distributed_optimizer=true",
+          "cluster.nodes=2", "cluster.gpus_per_node=1", "training.train_iters=6", "training.checkpoint_interval=3",
+          "training.async_save=false"]
+
+
+@pytest.mark.timeout(900)
+def test_a_dp_sharded_local_set_rebuilds_the_weights_from_the_main_weights_bitwise(tmp_path):
+    """dp 2 over 2 simulated nodes with the distributed optimizer: a shard holds
+    this rank's half of the fp32 main weights and Adam moments, not the model's weights. node1 is lost after the local
+    set of step 4 (the global checkpoint is of step 3): the next attempt restores node1's half from its replica on
+    node0, rebuilds every weight by the all-gather (without ``overlap_param_gather`` nothing else would gather
+    them before the first forward pass), and every loss equals the uninterrupted run's, bitwise."""
+    from safetensors import safe_open
+
+    from launch.planner.tiers import node_shard_bytes
+
+    ref_dir = tmp_path / "ref"
+    write_job(ref_dir, [*DP_JOB, f"run.dir={ref_dir}"])
+    assert run_attempt(ref_dir, 0) == [0] * WORLD, logs(ref_dir)
+    reference = {s: v[0] for s, v in losses(read_events(ref_dir / "events.jsonl")).items()}
+    assert sorted(reference) == list(range(1, 7))
+
+    run_dir, local_root = tmp_path / "run", tmp_path / "node_local"
+    job = write_job(run_dir, [*DP_JOB, f"run.dir={run_dir}", "training.local_checkpoint.interval=1",
+                              f"cluster.local_checkpoint_dir={local_root}"])
+    paths = LocalPaths(local_root, "tiny")
+    assert run_attempt(run_dir, 0, fail_at=5) == [1] * WORLD, logs(run_dir)
+    saved = [e for e in read_events(run_dir / "events.jsonl") if e["event"] == "local_checkpoint_saved"]
+    assert [e["step"] for e in saved] == [1, 2, 4]
+    with safe_open(str(paths.set_dir("node0", 4) / LocalPaths.shard_files("node0", 0)[0]), "pt") as f:
+        names = list(f.keys())
+    assert names and not [n for n in names if n.startswith("model")], names  # no weight is saved twice
+    # the planner's size of a node's shards (what the check sizes the directory by) is what a save wrote
+    assert abs(saved[-1]["bytes"] / node_shard_bytes(job) - 1) < 0.05, (saved[-1]["bytes"], node_shard_bytes(job))
+    shutil.rmtree(paths.node_dir("node1"))  # node1 is lost with its local directory
+
+    assert run_attempt(run_dir, 1) == [0] * WORLD, logs(run_dir)
+    ev = read_events(run_dir / "events.jsonl")
+    assert [(e["tier"], e["step"], e["global_step"], e["lost_steps"]) for e in ev if e["event"] == "resumed_from"] \
+        == [("local", 4, 3, 0)]
+    assert "on node(s) node0" in [e for e in ev if e["event"] == "resume"][-1]["checkpoint"]
+    got = losses(ev)
+    diffs = {s: (v, reference[s]) for s, v in got.items() if any(x != reference[s] for x in v)}
+    assert sorted(got) == list(range(1, 7)) and diffs == {}, diffs

@@ -3,10 +3,12 @@ own shard of the training state to its node's local directory and sends it to th
 ``replication - 1`` nodes of a ring; a start restores from the newest complete, verified local set when it is newer
 than the newest global checkpoint (the rules: :mod:`recovery.local_sets`; the paths: :class:`launch.paths.LocalPaths`).
 
-What a shard holds: this rank's tensors only (same-layout restore only): the model chunks' ``state_dict`` (this
-rank's tensor/pipeline slice), and for each Megatron optimizer its inner torch optimizer's parameters (the fp32 main
-weights, this rank's dp shard with the distributed optimizer) and their Adam state, plus the grad scaler (fp16);
-as JSON: the step, the data position (consumed samples, skipped batches), the scheduler and the optimizer's param
+What a shard holds: this rank's tensors only (same-layout restore only): for each Megatron optimizer its inner torch
+optimizer's parameters (the fp32 main weights, this rank's dp shard with the distributed optimizer) and their Adam
+state, plus the grad scaler (fp16); of the model chunks' ``state_dict`` (this rank's tensor/pipeline slice) only what
+is not a trainable weight (buffers, frozen weights): the trainable weights are what the main weights hold (cast to
+bf16/fp16, all-gathered over dp with the distributed optimizer), so they are rebuilt from them at the restore
+(:func:`rebuild_weights`) instead of being written, sent and read a second time; as JSON: the step, the data position (consumed samples, skipped batches), the scheduler and the optimizer's param
 groups. No RNG state: the loop re-seeds every RNG from (seed, step) at each step
 (:func:`train.train_loop.seed_step`). Tensors are written with safetensors (no pickle), everything else as JSON, so
 nothing read back from a node-local directory (which another job on the node may write) is ever unpickled.
@@ -87,14 +89,38 @@ def _jsonable(v: Any) -> bool:
         return False
 
 
+def trainable_names(module: torch.nn.Module) -> set:
+    """The state-dict names of ``module``'s trainable parameters: every one has its fp32 main copy in the optimizer
+    (Megatron's optimizers take every parameter that requires a gradient), so a shard does not hold them twice."""
+    return {n for n, p in module.named_parameters() if p.requires_grad}
+
+
+def rebuild_weights(chunks: List[Any], optimizer: Any) -> None:
+    """The model's trainable weights from the optimizer's main weights, as an optimizer step leaves them: each
+    Megatron optimizer copies its main weights into the model's (``_copy_main_params_to_model_params``, what
+    ``step`` calls; a cast for bf16/fp16 weights, this rank's dp slice with the distributed optimizer; the fp32
+    optimizer's main weights are the model's own), then, with the distributed optimizer, each chunk all-gathers
+    the slices over its data-parallel group (``start_param_sync``, as after a step). Collective on that group."""
+    for opt in _inner(optimizer):
+        copy = getattr(opt, "_copy_main_params_to_model_params", None)
+        if copy is not None:
+            copy()
+    for c in chunks:
+        ddp = getattr(c, "ddp_config", None)
+        if ddp is not None and ddp.use_distributed_optimizer:
+            c.start_param_sync(force_sync=True)
+
+
 def shard_state(parts: Any, train_state: Any) -> tuple[Dict[str, torch.Tensor], dict]:
     """This rank's tensors (name -> a private contiguous copy) and its JSON state."""
     chunks, optimizer, scheduler = parts
     sync_params(chunks)
     tensors: Dict[str, torch.Tensor] = {}
     for i, c in enumerate(chunks):
-        for k, v in getattr(c, "module", c).state_dict().items():
-            if torch.is_tensor(v):
+        module = getattr(c, "module", c)
+        rebuilt = trainable_names(module)  # the optimizer's main weights hold them: rebuilt at restore
+        for k, v in module.state_dict().items():
+            if torch.is_tensor(v) and k not in rebuilt:
                 tensors[f"model{i}/{k}"] = v
     groups: List[List[dict]] = []
     scalars: Dict[str, Any] = {}
@@ -171,7 +197,7 @@ def restore_shard(parts: Any, tensors: Dict[str, torch.Tensor], doc: dict) -> di
     for i, c in enumerate(chunks):
         module = getattr(c, "module", c)
         own = {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith(f"model{i}/")}
-        current = module.state_dict()
+        current = {k: v for k, v in module.state_dict().items() if k in own or k not in trainable_names(module)}
         missing = [k for k, v in current.items() if torch.is_tensor(v) and k not in own]
         if missing:
             raise ValueError(f"the local shard lacks {missing[0]} (+{len(missing) - 1}): saved in another layout?")
@@ -203,6 +229,7 @@ def restore_shard(parts: Any, tensors: Dict[str, torch.Tensor], doc: dict) -> di
             sd = {k.rsplit("/", 1)[1]: v.clone() for k, v in tensors.items() if k.startswith(f"optim{j}/scaler/")}
             sd.update({k.rsplit("/", 1)[1]: v for k, v in scalars.items() if k.startswith(f"optim{j}/scaler/")})
             scaler.load_state_dict(sd)
+    rebuild_weights(chunks, optimizer)
     scheduler.num_steps = 0  # Megatron's load_state_dict adds the saved count (train/megatron_ckpt.py)
     scheduler.load_state_dict(doc["scheduler"])
     return doc["training_state"]
@@ -343,7 +370,7 @@ class LocalTier:
     def _write_set(self, step: int, tensors: Dict[str, torch.Tensor], doc: dict, meta: dict, t0: float,
                    out: Dict[str, Any]) -> None:
         """The save's thread: write this rank's shard, send it to the ring and write what arrives, agree (every file
-        written, every replica's SHA-256 the sender's), commit (each node's leader), agree again. Every collective
+        written whole), commit (each node's leader), agree again. Every collective
         is on the tier's own group, so none meets the training's. The outcome goes to ``out``."""
         try:
             self._write_set_in(step, tensors, doc, meta, t0, out)
@@ -373,8 +400,8 @@ class LocalTier:
         for src in list(got):
             tb, jb = got.pop(src)
             rels = LocalPaths.shard_files(self.rank_nodes[src], src)
-            if error is None:
-                error = self._write(staging, {rels[0]: tb, rels[1]: jb}, written)
+            if error is None:  # not hashed again: the sender's SHA-256 goes into the manifest, and a start
+                error = self._write(staging, {rels[0]: tb, rels[1]: jb}, written, hashed=False)  # checks it
             del tb, jb
         own = {rel: tuple(written[rel]) if rel in written else (len(b), local_sets.sha256_of(b))  # hashed once
                for rel, b in zip(own_rels, (t_bytes, j_bytes))}
@@ -384,7 +411,8 @@ class LocalTier:
         committed = 0
         if problem is None and self.leader:
             try:
-                mine = {rel: v for r in reports if r["node"] == self.node for rel, v in r["written"].items()}
+                owned = {rel: tuple(v) for r in reports for rel, v in r["own"].items()}
+                mine = {rel: owned[rel] for r in reports if r["node"] == self.node for rel in r["written"]}
                 self._commit(staging, step, mine, meta)
                 committed = 1
             except OSError as e:
@@ -403,25 +431,29 @@ class LocalTier:
                 pass
         out["ok"], out["problem"] = False, problem or "another node could not commit its local set"
 
-    def _write(self, staging: Path, files: Dict[str, Any], written: Dict[str, tuple]) -> Optional[str]:
+    def _write(self, staging: Path, files: Dict[str, Any], written: Dict[str, tuple], *,
+               hashed: bool = True) -> Optional[str]:
         """Write and fsync ``files`` under ``staging``; the error as text (the exchange goes on either way)."""
         try:
-            written.update(local_sets.write_files(staging, files, self.ctx.storage))
+            written.update(local_sets.write_files(staging, files, self.ctx.storage, hashed=hashed))
             return None
         except OSError as e:
             return f"{type(e).__name__}: {e}"
 
     def _agree(self, reports: List[dict]) -> Optional[str]:
-        """Every rank computes the same verdict from the same reports: every write succeeded and every replica's
-        SHA-256 is the sender's."""
+        """Every rank computes the same verdict from the same reports: every write succeeded, and every file written
+        is one a rank sent, whole (the sender's size; the transport checked the bytes, and every start checks each
+        file's SHA-256 against the manifest before it uses the set)."""
         for r in reports:
             if r["error"]:
                 return f"rank {r['rank']} on {r['node']}: {r['error']}"
-        owned = {rel: v for r in reports for rel, v in r["own"].items()}
+        owned = {rel: tuple(v) for r in reports for rel, v in r["own"].items()}
         for r in reports:
-            for rel, v in r["written"].items():
-                if owned.get(rel) != tuple(v):
-                    return f"rank {r['rank']} on {r['node']} received {rel} damaged (sha256 differs from the sender's)"
+            for rel, (size, digest) in r["written"].items():
+                want = owned.get(rel)
+                if want is None or size != want[0] or digest not in (None, want[1]):
+                    return f"rank {r['rank']} on {r['node']} wrote {rel} unlike its sender's ({size} bytes, sha256 " \
+                           f"{str(digest)[:16]}; sent: {want})"
         return None
 
     def _commit(self, staging: Path, step: int, files: Dict[str, tuple], meta: dict) -> None:

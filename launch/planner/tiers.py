@@ -28,16 +28,13 @@ NODE_LOSS = 0.78  # Llama 3 405B: 78% of the unexpected interruptions were (susp
 
 
 def node_shard_bytes(job: Job) -> float:
-    """Bytes of one node's local shards: each rank holds its slice of the weights (tp x pp split) and of the fp32 main
-    weights and Adam moments (split over dp too with the distributed optimizer), as the planner counts them."""
+    """Bytes of one node's local shards: each rank holds its slice (tp x pp split, and dp too with the distributed
+    optimizer) of the fp32 main weights and the two Adam moments, 12 bytes a parameter; the model's weights are
+    rebuilt from the main weights at the restore, not saved (``train.local_ckpt``)."""
     p = job.parallelism
-    total = checkpoint_bytes(job)  # weights + fp32 main weights + Adam moments, the whole model
-    weights = 4.0 if job.training.precision == "fp32" else 2.0
-    per_param = 12.0 if job.training.precision == "fp32" else 14.0
-    model_split = max(1, p.tp * p.pp)
-    optim_split = model_split * (max(1, job.dp) if p.distributed_optimizer else 1)
-    per_rank = total / per_param * (weights / model_split + 12.0 / optim_split)
-    return per_rank * job.cluster.gpus_per_node
+    params = checkpoint_bytes(job) / (12.0 if job.training.precision == "fp32" else 14.0)
+    optim_split = max(1, p.tp * p.pp) * (max(1, job.dp) if p.distributed_optimizer else 1)
+    return params * 12.0 / optim_split * job.cluster.gpus_per_node
 
 
 def local_save_time_s(job: Job) -> float:
