@@ -52,7 +52,7 @@ def run_attempt(run_dir: Path, attempt: int, fail_at: int = 0) -> tuple[list, fl
 
 def job_overrides(run_dir: Path, local: Path, extra: list) -> list:
     return ["cluster=local", "model=ckpt_bench", "cluster.nodes=2", "cluster.gpus_per_node=1",
-            "training.global_batch_size=2", "training.precision=fp32", f"training.train_iters={ITERS}",
+            "parallelism.distributed_optimizer=true", "training.global_batch_size=2", "training.precision=fp32", f"training.train_iters={ITERS}",
             f"training.checkpoint_interval={GLOBAL}", "training.async_save=false", "training.keep_checkpoints=1",
             f"training.local_checkpoint.interval={LOCAL}", f"cluster.local_checkpoint_dir={local}", f"run.dir={run_dir}",
             *extra]
@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args(argv)
     from launch.paths import LocalPaths
+    from launch.planner.tiers import node_shard_bytes
     from recovery.events import read_events
     from trainutil import write_job
 
@@ -140,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"`python benchmarks/bench_local_ckpt.py {' '.join(args.overrides)}`".replace(" `", "`"),
         "",
-        f"cluster=local, 2 simulated nodes x 1 rank (dp 2, distributed optimizer), model=ckpt_bench"
+        f"cluster=local, 2 simulated nodes x 1 rank (dp 2, "
+        f"{'distributed' if job.parallelism.distributed_optimizer else 'ordinary'} optimizer), model=ckpt_bench"
         f"{' with ' + ', '.join(args.overrides) if args.overrides else ''}, fp32, gbs 2, "
         f"replication 2, local directory {'on /dev/shm' if str(local).startswith('/dev/shm') else 'on the same disk as the run'}; "
         f"{time.time() - started:.0f} s wall; load average {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} on "
@@ -149,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         "| quantity | value |",
         "|---|---|",
         f"| one rank's local shard (tensors + JSON) | {saves[0]['bytes']:,} bytes; sent to the peer node: "
-        f"{saves[0]['sent_bytes']:,} bytes |",
+        f"{saves[0]['sent_bytes']:,} bytes; the planner's size of a node's shards: {node_shard_bytes(job):,.0f} bytes |",
         f"| step time without the local tier (median of steps {STEADY[0]}-{STEADY[-1]}) | {base_s:.2f} s |",
         f"| steps {STEADY[0]}-{STEADY[-1]}: without the tier / with local saves at "
         f"{', '.join(str(e['step']) for e in saves)} | {base_sum:.2f} s / {with_sum:.2f} s |",

@@ -45,6 +45,10 @@ def test_gpu_kit_cpu_mode(tmp_path: Path) -> None:
     assert oom["files"] == ["local_0_rank0.memory_summary.txt"]  # no snapshot without CUDA
     assert r["preflight"]["checks"]["grad_flow"] == "PASS"
     assert r["preflight"]["checks"]["checkpoint_roundtrip"] == "PASS"
+    local = r["local"]  # the same job without and with local saves every 5 steps; the overhead is only reported
+    assert local["exit_codes"] == [0, 0] and local["local_tier"]["saves_at"] == [5, 10]
+    assert local["local_tier"]["shard_bytes"] > 0 and all(x > 0 for x in local["local_tier"]["stall_s"])
+    assert local["local_base"]["window_s"] > 0 and "overhead_every_5" in local
     files = {p.name for p in out.iterdir()}
-    assert {"results.json", "run.log", "train.log", "resume.log", "preflight.log", "nvidia-smi.txt"} <= files
+    assert {"results.json", "run.log", "train.log", "resume.log", "preflight.log", "nvidia-smi.txt", "local.log"} <= files
     assert len(files) <= 8  # what comes back from the device machine

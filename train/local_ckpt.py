@@ -111,8 +111,32 @@ def rebuild_weights(chunks: List[Any], optimizer: Any) -> None:
             c.start_param_sync(force_sync=True)
 
 
-def shard_state(parts: Any, train_state: Any) -> tuple[Dict[str, torch.Tensor], dict]:
-    """This rank's tensors (name -> a private contiguous copy) and its JSON state."""
+def host_copies(tensors: Dict[str, torch.Tensor], pinned: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """A private, contiguous host-memory copy of each tensor: a clone of a CPU tensor; a GPU tensor copied into a
+    pinned host buffer of ``pinned`` (made once per name and reused by every later save, so a save costs no GPU memory
+    and no pinning; the next save starts only after the previous one ended, :meth:`LocalTier.save`), the copies
+    awaited once at the end."""
+    out: Dict[str, torch.Tensor] = {}
+    on_gpu = False
+    for k, v in tensors.items():
+        v = v.detach()
+        if v.device.type == "cpu":
+            out[k] = v.clone(memory_format=torch.contiguous_format)
+            continue
+        buf = pinned.get(k)
+        if buf is None or buf.shape != v.shape or buf.dtype != v.dtype:
+            buf = pinned[k] = torch.empty(v.shape, dtype=v.dtype, pin_memory=True)
+        out[k] = buf.copy_(v, non_blocking=True)
+        on_gpu = True
+    if on_gpu:
+        torch.cuda.synchronize()
+    return out
+
+
+def shard_state(parts: Any, train_state: Any,
+                pinned: Optional[Dict[str, torch.Tensor]] = None) -> tuple[Dict[str, torch.Tensor], dict]:
+    """This rank's tensors (name -> a private contiguous copy in host memory, :func:`host_copies`) and its JSON
+    state."""
     chunks, optimizer, scheduler = parts
     sync_params(chunks)
     tensors: Dict[str, torch.Tensor] = {}
@@ -147,7 +171,7 @@ def shard_state(parts: Any, train_state: Any) -> tuple[Dict[str, torch.Tensor], 
                                                 "data_skips": [list(x) for x in train_state.skips]},
            "scheduler": {k: v for k, v in scheduler.state_dict().items() if _jsonable(v)},
            "param_groups": groups, "scalars": scalars}
-    return {k: v.detach().clone().contiguous() for k, v in tensors.items()}, doc
+    return host_copies(tensors, {} if pinned is None else pinned), doc
 
 
 # safetensors' dtype names (the format's header) -> torch
@@ -301,6 +325,7 @@ class LocalTier:
         # GPUs), and a save's thread never meets the training's collectives on the default group
         self.group = dist.new_group(backend="gloo")
         self.inflight: Optional[tuple] = None  # (thread, outcome, step, stall seconds) of the save in flight
+        self.pinned: Dict[str, torch.Tensor] = {}  # GPU runs: the host buffers every save copies into
 
     def due(self, step: int, iters: int, global_interval: Optional[int], global_saved: set) -> bool:
         """A local save at ``step``: on the local interval, before the last step, and not where a global save is."""
@@ -318,7 +343,7 @@ class LocalTier:
         ctx, step = self.ctx, state.step
         t0 = ctx.clock()
         ctx.beat("save", step)
-        tensors, doc = shard_state(self.parts, state)
+        tensors, doc = shard_state(self.parts, state, self.pinned)
         doc["rank"], doc["node"] = ctx.rank, self.node
         meta = {"step": step, "consumed_samples": state.consumed_samples}
         stall = ctx.clock() - t0

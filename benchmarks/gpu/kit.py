@@ -25,7 +25,14 @@ preflight is ``python launch/preflight.py``. The steps:
    (a real ``torch.cuda.OutOfMemoryError`` in the first forward), with ``training.oom_snapshot=true``; ``--cpu``:
    the tiny model with the injected one (``SLURMTRON_TEST_OOM_AT_ITER``). Its exit code (18), the ``oom`` stop's
    line (the planner's estimate and fixes) and the forensics files under ``oom/``;
-6. **versions**: ``nvidia-smi``, torch, CUDA, NCCL, Megatron-Core, TransformerEngine.
+6. **local**: the node-local checkpoint tier's overhead on one GPU (replication 1: no peer): the same job run twice
+   for :data:`LOCAL_ITERS` steps, without the tier and with a local save every :data:`LOCAL_EVERY` steps into
+   ``/dev/shm`` (the scratch disk when ``/dev/shm`` lacks room); the wall time of steps 2-13 (saves at 5 and 10) of
+   both, each save's stall (the copy into pinned host memory) and its background seconds; the goal is <= 3% at every
+   5 steps. The GPU profile is the 125M model at a global batch of 256 (a few seconds a step): its 1.5 GB shard per
+   step-second is of the order of a 70B model's per-GPU shard at scale (tp 8, pp 4, dp 32: 0.8 GB per ~10 s step),
+   which the 1.3B on one GPU (15.6 GB per ~1 s step) is not;
+7. **versions**: ``nvidia-smi``, torch, CUDA, NCCL, Megatron-Core, TransformerEngine.
 
 Results: ``<out>/results.json`` plus the logs, at most 8 files directly in ``<out>``. The run
 directories (1.3B: about 18 GB per checkpoint, two at a time) live in a temporary directory on
@@ -64,13 +71,17 @@ PROFILES = {
                 preflight=["model=125m", "cluster.gpu=h200", "cluster.gpu_memory_gb=141", "training.precision=bf16",
                            "training.micro_batch_size=4", "training.global_batch_size=8"],
                 k=20,
+                local=["model=125m", "cluster.gpu=h200", "cluster.gpu_memory_gb=141", "training.precision=bf16",
+                       "training.micro_batch_size=4", "training.global_batch_size=256"],
                 oom=["training.micro_batch_size=256", "training.global_batch_size=256", "parallelism.recompute=none",
                      "training.oom_snapshot=true"], oom_env={}),
     "cpu": dict(model=["model=tiny", "cluster.gpu=cpu", "training.precision=fp32",
                        "training.micro_batch_size=2", "training.global_batch_size=4"],
                 preflight=["model=tiny", "cluster.gpu=cpu", "training.precision=fp32",
                            "training.micro_batch_size=2", "training.global_batch_size=4"],
-                k=3, oom=["training.oom_snapshot=true"], oom_env={"SLURMTRON_TEST_OOM_AT_ITER": "1"}),
+                k=3, local=["model=tiny", "cluster.gpu=cpu", "training.precision=fp32",
+                            "training.micro_batch_size=2", "training.global_batch_size=4"],
+                oom=["training.oom_snapshot=true"], oom_env={"SLURMTRON_TEST_OOM_AT_ITER": "1"}),
 }
 COMMON = ["cluster=local", "cluster.gpus_per_node=1", "parallelism=tp1", "data=mock", "training.train_tokens=null",
           "training.log_interval=1", "training.lr_warmup_iters=2", "training.keep_checkpoints=3",
@@ -264,9 +275,17 @@ def main(argv: list[str] | None = None) -> int:
             say("oom: a deliberate out-of-memory through the worker")
             results["oom"] = deliberate_oom(mode, scratch, out, max(60.0, left()))
             write()
+        # ---- 6. the node-local tier's overhead ----------------------------------------------
+        if left() < 60:
+            results["local"] = {"skipped": f"time budget ({args.budget_s:g} s) spent"}
+        else:
+            say(f"local: {LOCAL_ITERS} steps without and with a local save every {LOCAL_EVERY} steps")
+            results["local"] = local_tier_overhead(mode, scratch, out, left)
+            write()
         results["ok"] = bool(results["train"]["exit_code"] == 0 and results["resume"]["bitwise_equal"]
                              and results.get("preflight", {}).get("exit_code") == 0
-                             and results.get("oom", {}).get("exit_code") in (None, 18))
+                             and results.get("oom", {}).get("exit_code") in (None, 18)
+                             and results.get("local", {}).get("exit_codes") in (None, [0, 0]))
         write()
         say(f"done: ok={results['ok']}; {out / 'results.json'}")
         return 0 if results["ok"] else 1
@@ -322,6 +341,63 @@ def deliberate_oom(mode: str, scratch: Path, out: Path, timeout_s: float) -> dic
             "planner_says": [f"{p.field}: {p.message}" for p in check(job)] or "fits",
             "measured_peak_allocated_gib": stop["mem_peak"] / 2 ** 30 if isinstance(stop.get("mem_peak"), (int, float))
             else None}
+
+
+LOCAL_ITERS, LOCAL_EVERY, LOCAL_WINDOW = 14, 5, range(2, 14)  # saves at 5 and 10 inside the window, none at 14
+
+
+def _step_walls(events: list[dict]) -> dict:
+    """step -> seconds since the previous step's iteration event (so a save's stall counts)."""
+    t = {e["step"]: e["time"] for e in events if e["event"] == "iteration"}
+    return {s: t[s] - t[s - 1] for s in t if s - 1 in t}
+
+
+def local_tier_overhead(mode: str, scratch: Path, out: Path, left) -> dict:
+    """The local tier's overhead at every :data:`LOCAL_EVERY` steps: the same job without and with the tier."""
+    from launch.planner.tiers import node_shard_bytes
+
+    base = PROFILES[mode]["local"] + COMMON + [f"cluster.run_root={scratch}", f"training.train_iters={LOCAL_ITERS}",
+                                               "training.checkpoint_interval=100", "training.async_save=false"]
+    shard = node_shard_bytes(compose_job(base + ["run.name=local_base"]))
+    shm = Path("/dev/shm")
+    room = shutil.disk_usage(shm).free if shm.is_dir() else 0
+    local_dir = (shm if room > 3 * shard else scratch) / f"slurmtron-kit-local-{os.getpid()}"
+    res: dict = {"local_dir": str(local_dir.parent), "local_dir_free_gb": (room if local_dir.parent == shm else
+                 shutil.disk_usage(scratch).free) / 1e9, "planner_shard_bytes": shard, "exit_codes": [], "window":
+                 f"steps {LOCAL_WINDOW[0]}-{LOCAL_WINDOW[-1]}"}
+    walls = {}
+    try:
+        for name, extra in (("local_base", ["training.local_checkpoint.interval=0"]),
+                            ("local_tier", [f"training.local_checkpoint.interval={LOCAL_EVERY}",
+                                            "training.local_checkpoint.replication=1",
+                                            f"cluster.local_checkpoint_dir={local_dir}"])):
+            job = compose_job(base + [f"run.name={name}", *extra])
+            problems = check(job)
+            if problems:
+                res[name] = {"check": [f"{p.field}: {p.message}" for p in problems]}
+                return res
+            run_dir = scratch / name
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "config.yaml").write_text(job_to_yaml(job))
+            write_plan(job, run_dir)
+            t0 = time.monotonic()
+            res["exit_codes"].append(start_rank(run_dir, 0, out / "local.log", max(60.0, left())))
+            events = read_events(job.paths_at(run_dir).events)
+            w = _step_walls(events)
+            walls[name] = sum(w.get(s, float("nan")) for s in LOCAL_WINDOW)
+            saves = [e for e in events if e["event"] == "local_checkpoint_saved"]
+            res[name] = {"seconds": round(time.monotonic() - t0, 1), "window_s": walls[name],
+                         "step_s_median": statistics.median(w[s] for s in LOCAL_WINDOW if s in w) if w else None}
+            if saves:
+                res[name].update(saves_at=[e["step"] for e in saves], shard_bytes=saves[0]["bytes"],
+                                 stall_s=[e["stall_s"] for e in saves], background_s=[e["seconds"] for e in saves],
+                                 host_gb_per_s=[e["bytes"] / e["seconds"] / 1e9 for e in saves if e["seconds"]])
+            shutil.rmtree(run_dir, ignore_errors=True)
+        res["overhead_every_5"] = walls["local_tier"] / walls["local_base"] - 1
+        res["goal"] = 0.03
+        return res
+    finally:
+        shutil.rmtree(local_dir, ignore_errors=True)
 
 
 def _commit() -> str:
