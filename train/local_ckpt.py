@@ -221,7 +221,8 @@ def restore_shard(parts: Any, tensors: Dict[str, torch.Tensor], doc: dict) -> di
     for i, c in enumerate(chunks):
         module = getattr(c, "module", c)
         own = {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith(f"model{i}/")}
-        current = {k: v for k, v in module.state_dict().items() if k in own or k not in trainable_names(module)}
+        rebuilt = trainable_names(module)  # absent from a shard: rebuild_weights below
+        current = {k: v for k, v in module.state_dict().items() if k in own or k not in rebuilt}
         missing = [k for k, v in current.items() if torch.is_tensor(v) and k not in own]
         if missing:
             raise ValueError(f"the local shard lacks {missing[0]} (+{len(missing) - 1}): saved in another layout?")
