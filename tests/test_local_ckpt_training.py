@@ -134,24 +134,27 @@ DP_JOB = ["cluster=local", "model=tiny", "parallelism=tiny", "parallelism.tp=1",
 
 
 @pytest.mark.timeout(900)
-def test_a_dp_sharded_local_set_rebuilds_the_weights_from_the_main_weights_bitwise(tmp_path):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_dp_sharded_local_set_rebuilds_the_weights_from_the_main_weights_bitwise(tmp_path, precision):
     """dp 2 over 2 simulated nodes with the distributed optimizer: a shard holds
     this rank's half of the fp32 main weights and Adam moments, not the model's weights. node1 is lost after the local
     set of step 4 (the global checkpoint is of step 3): the next attempt restores node1's half from its replica on
     node0, rebuilds every weight by the all-gather (without ``overlap_param_gather`` nothing else would gather
-    them before the first forward pass), and every loss equals the uninterrupted run's, bitwise."""
+    them before the first forward pass), and every loss equals the uninterrupted run's, bitwise. fp32: the main
+    weights are views of the weights' buffer; bf16: they are fp32 copies, cast back into the bf16 weights first."""
     from safetensors import safe_open
 
     from launch.planner.tiers import node_shard_bytes
 
     ref_dir = tmp_path / "ref"
-    write_job(ref_dir, [*DP_JOB, f"run.dir={ref_dir}"])
+    write_job(ref_dir, [*DP_JOB, f"training.precision={precision}", f"run.dir={ref_dir}"])
     assert run_attempt(ref_dir, 0) == [0] * WORLD, logs(ref_dir)
     reference = {s: v[0] for s, v in losses(read_events(ref_dir / "events.jsonl")).items()}
     assert sorted(reference) == list(range(1, 7))
 
     run_dir, local_root = tmp_path / "run", tmp_path / "node_local"
-    job = write_job(run_dir, [*DP_JOB, f"run.dir={run_dir}", "training.local_checkpoint.interval=1",
+    job = write_job(run_dir, [*DP_JOB, f"training.precision={precision}", f"run.dir={run_dir}",
+                              "training.local_checkpoint.interval=1",
                               f"cluster.local_checkpoint_dir={local_root}"])
     paths = LocalPaths(local_root, "tiny")
     assert run_attempt(run_dir, 0, fail_at=5) == [1] * WORLD, logs(run_dir)
