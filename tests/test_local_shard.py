@@ -1,4 +1,4 @@
-"""The local tier's shard file read back as views (train/local_ckpt.py :func:`shard_views`): the same tensors as
+"""The local tier's shard file read back as views (train/local_shard.py :func:`shard_views`): the same tensors as
 safetensors' own loader, and a header that does not describe its data refused."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from train.local_ckpt import shard_views
+from train.local_shard import shard_views
 
 
 def test_views_of_a_shard_equal_safetensors_own_load_for_every_dtype_and_shape():
