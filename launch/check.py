@@ -277,11 +277,11 @@ def _cluster(job: Job) -> list[Problem]:
         if not _SBATCH_KEY.match(str(key)):
             out.append(Problem(f"cluster.sbatch_extra.{key}", "not a valid sbatch option name",
                                f"{key!r} does not match [a-z][a-z0-9-]*", "use the long option name, e.g. constraint"))
-    if job.run.budget_gpu_hours is not None and job.run.budget_gpu_hours <= 0:
-        out.append(Problem("run.budget_gpu_hours", "a budget must be positive (or null for none)",
+    if job.run.budget_gpu_hours is not None and not 0 < job.run.budget_gpu_hours < math.inf:  # nan: never reached
+        out.append(Problem("run.budget_gpu_hours", "a budget must be a positive, finite number (or null for none)",
                            f"budget_gpu_hours = {job.run.budget_gpu_hours}", "set run.budget_gpu_hours=null"))
-    if job.run.sweep_budget_gpu_hours is not None and not job.run.sweep_budget_gpu_hours > 0:
-        out.append(Problem("run.sweep_budget_gpu_hours", "a sweep's budget must be positive (or null for none)",
+    if job.run.sweep_budget_gpu_hours is not None and not 0 < job.run.sweep_budget_gpu_hours < math.inf:
+        out.append(Problem("run.sweep_budget_gpu_hours", "a sweep's budget must be a positive, finite number (or null for none)",
                            f"sweep_budget_gpu_hours = {job.run.sweep_budget_gpu_hours}",
                            "set run.sweep_budget_gpu_hours=null"))
     if c.gpu_hour_price is not None and not c.gpu_hour_price >= 0:

@@ -101,12 +101,20 @@ def period_start(period: str, now: float) -> Optional[float]:
     return start.timestamp()
 
 
+QUOTA_FILE_MAX_BYTES = 1 << 20  # one MiB: tens of thousands of accounts
+
+
 def read_quota(path: str, account: str) -> tuple[Optional[Quota], Optional[Problem]]:
     """The quota of ``account`` in the quota file (YAML or JSON: ``period: month`` and ``quotas: {account: hours}``),
     or the one problem with the file or the account (never a traceback)."""
     fix_file = "fix the file, or set cluster.quota_file='' (no quotas)"
     try:
-        doc = yaml.safe_load(Path(path).read_bytes().decode("utf-8"))
+        with open(path, "rb") as f:  # a quota file is a few lines: /dev/zero or a huge file is refused, not read
+            raw = f.read(QUOTA_FILE_MAX_BYTES + 1)
+        if len(raw) > QUOTA_FILE_MAX_BYTES:
+            return None, Problem("cluster.quota_file", "the quota file is too large to be a quota file",
+                                 f"{path}: more than {QUOTA_FILE_MAX_BYTES} bytes; read no further", fix_file)
+        doc = yaml.safe_load(raw.decode("utf-8"))
     except FileNotFoundError:
         return None, Problem("cluster.quota_file", "the quota file does not exist", f"quota_file = {path}", fix_file)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:

@@ -168,6 +168,18 @@ def test_a_job_over_what_is_left_of_its_accounts_quota_is_refused_with_the_arith
     quotas.write_text("period: fortnight\nquotas: {llm: 1}\n")
     (bad,) = quota_problems(job, root / "7b", now=now)
     assert bad.message == "not a quota file" and "fortnight" not in bad.arithmetic
+    # an endless file (/dev/zero) or a huge one is refused after one MiB, not read until memory runs out
+    for endless in ("/dev/zero", str(_huge(tmp_path / "huge.yaml"))):
+        job = compose_job(["cluster=lustre", "model=7b", f"cluster.run_root={root}", "cluster.account=llm",
+                           f"cluster.quota_file={endless}"])
+        (big,) = quota_problems(job, root / "7b", now=now)
+        assert big.field == "cluster.quota_file" and big.message == "the quota file is too large to be a quota file"
+        assert "more than 1048576 bytes" in big.arithmetic
+
+
+def _huge(path):
+    path.write_text("period: month\nquotas:\n" + "".join(f"  a{i}: 1\n" for i in range(200_000)))
+    return path
     quotas.write_text("quotas: {vision: 1}\n")
     (acct,) = quota_problems(job, root / "7b", now=now)
     assert acct.field == "cluster.account" and "account 'llm' not in" in acct.arithmetic
