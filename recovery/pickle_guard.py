@@ -7,6 +7,9 @@ writer can recompute its SHA-256 and sizes. Loading it unpickles several files:
 * ``.metadata``: torch's distributed-checkpoint reader calls ``pickle.load`` on it (no restriction);
 * the ``BYTE_IO`` items inside the ``*.distcp`` shards (Megatron-Core's sharded objects, a layer's
   ``_extra_state``): torch's default load planner calls ``torch.load(weights_only=False)`` on each;
+* a record stored through a stream transform (``transform_descriptors``, e.g. ``stream.zstd/1``): torch's
+  reader decodes it before unpickling, so the bytes on disk are not the bytes it unpickles. The ranks never
+  write one, and a record that names one is refused without decoding it;
 * ``common.pt`` (and any other ``*.pt``): ``torch.load`` with torch's default (``weights_only=True``
   since torch 2.6, unless ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` is set).
 
@@ -53,7 +56,7 @@ ALLOWED = frozenset(
                                         "_MEM_FORMAT_ENCODING")}
     | {(f"{_DCP}.planner", n) for n in ("SavePlan", "WriteItem", "WriteItemType", "TensorWriteData", "ReadItem",
                                          "LoadItemType", "LoadPlan")}
-    | {(f"{_DCP}.filesystem", "_StorageInfo"), (f"{_DCP}._extension", "StreamTransformExtension")}
+    | {(f"{_DCP}.filesystem", "_StorageInfo")}
     | {("torch", n) for n in _DTYPES + _STORAGES + ("Size", "device", "strided", "sparse_coo", "contiguous_format",
                                                       "channels_last", "preserve_format")}
     | {("torch.serialization", "_get_layout"), ("torch.storage", "UntypedStorage"),
@@ -257,6 +260,11 @@ def _byte_items(meta: Any) -> Iterator[tuple[str, int, int]]:
                  if isinstance(v, _Inert) and v._qual == (f"{_DCP}.metadata", "BytesStorageMetadata")}
     for index, info in storage.items():
         fqn = index.field("fqn") if isinstance(index, _Inert) else None
+        if isinstance(info, _Inert) and info.field("transform_descriptors"):
+            # torch's reader would first undo these transforms (stream.zstd/1, ...) and then unpickle what comes
+            # out: bytes this check never saw. The ranks never write a transform, so none is read.
+            raise UnsafePickle(f".metadata: the record of {fqn!r} is stored through a transform "
+                               f"({info.field('transform_descriptors')!r}), which a checkpoint of this run never uses")
         if fqn not in byte_fqns:
             continue
         rel = info.field("relative_path") if isinstance(info, _Inert) else None

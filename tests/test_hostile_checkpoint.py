@@ -143,6 +143,27 @@ def test_a_forged_bytes_record_inside_a_shard_is_refused(root: Path, tmp_path: P
     assert plan_resume(root).reason == "unsafe_checkpoint" and not (tmp_path / "ran").exists()
 
 
+def test_a_record_stored_through_a_transform_is_refused_without_decoding_it(root: Path, tmp_path: Path) -> None:
+    """torch's reader undoes a record's transform_descriptors (stream.zstd/1, ...) before it unpickles the record with
+    weights_only=False: the guard would judge bytes the loader never unpickles. A record naming any transform is
+    refused (the ranks never write one), with the checkpoint quarantined, and nothing runs."""
+    import torch.distributed.checkpoint as dcp
+
+    real_checkpoint(root, 2)
+    ckpt = real_checkpoint(root, 4)
+    meta = dcp.FileSystemReader(str(ckpt)).read_metadata()  # our own, just written: safe to read here
+    assert not any(getattr(v, "transform_descriptors", None) for v in meta.storage_data.values())
+    for info in meta.storage_data.values():  # what a forger writes: every record 'compressed'
+        info.transform_descriptors = ["stream.zstd/1"]
+    (ckpt / ".metadata").write_bytes(pickle.dumps(meta))
+    reseal(ckpt, ".metadata")
+    why = unsafe_pickles(ckpt)
+    assert why and "transform" in why and "stream.zstd/1" in why
+    plan = plan_resume(root)
+    assert plan.action == "refuse" and plan.reason == "unsafe_checkpoint" and "transform" in plan.detail
+    assert not ckpt.exists() and plan_resume(root).step == 2
+
+
 def test_the_rank_side_check_before_the_load_refuses_with_a_final_stop(root: Path, tmp_path: Path) -> None:
     from train.megatron_ckpt import UnsafeCheckpoint, refuse_unsafe_pickles
 
