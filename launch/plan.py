@@ -29,7 +29,7 @@ from launch.planner.layouts import NoLayoutFits, choose_layout  # noqa: E402
 from launch.cli import EXIT_REFUSED, job_or_refusal, usage  # noqa: E402
 
 
-_VERDICT = {"fits": "fits", "inside the error band": "MAY NOT FIT (over, but inside the planner's error band)",
+_VERDICT = {"fits": "fits", "inside the error band": "MAY NOT FIT (inside the planner's error band)",
             "does not fit": "DOES NOT FIT"}
 
 

@@ -364,9 +364,13 @@ def _main(cfg: DictConfig, *, runner: Runner, out: TextIO, err: TextIO, sweep: O
     # the composed DictConfig prints 5x faster than re-structuring the Job; same text when unchanged
     text = literal_dollars(cfg, OmegaConf.to_yaml(cfg, resolve=True)) if job is composed else job_to_yaml(job)
     if job.dry_run:
-        _print_notes(job, err)
         _outcome(job, sweep, fit_status(job, "ok (dry run)"), _estimate_note(job))
-        return _dry_run(job, run_dir, text, out, None if sweep else err)
+        if sweep is not None:  # one line per member (and its notes); the table follows: the scripts would bury it
+            print(member_line(job, sweep), file=err)
+            _print_notes(job, err)
+            return 0
+        _print_notes(job, err)
+        return _dry_run(job, run_dir, text, out, err)
 
     before = RunDirSnapshot.take(run_dir)
     run_lock = None
@@ -475,6 +479,17 @@ def stop_request_line(text: str) -> str:
         except (OverflowError, OSError, ValueError):
             pass
     return ", ".join(parts)
+
+
+def member_line(job: Job, member: SweepMember) -> str:
+    """A dry-run sweep member in one line: name, layout, fit, estimate, and the command that prints its whole
+    batch script (the member's own overrides without ``-m``)."""
+    import shlex
+
+    row = (member.outcomes or [{}])[-1]
+    detail = f", {row['detail']}" if row.get("detail") else ""
+    command = " ".join(["python launch/pretrain.py", *map(shlex.quote, member.overrides)])
+    return f"sweep member {job.run.name} ({_layout(job)}): {row.get('status', 'ok (dry run)')}{detail}; script: {command}"
 
 
 def _dry_run(job: Job, run_dir: Path, config_yaml: str, out: TextIO, err: Optional[TextIO] = None) -> int:

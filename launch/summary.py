@@ -44,7 +44,7 @@ def _estimate(job: Job) -> Any:
         return None
 
 
-_FIT = {"fits": "fits", "inside the error band": "MAY NOT FIT: over, inside the planner's error band",
+_FIT = {"fits": "fits", "inside the error band": "MAY NOT FIT: inside the planner's error band",
         "does not fit": "DOES NOT FIT"}
 
 

@@ -15,8 +15,7 @@ from typing import Any, Optional
 
 from analysis.flops import UnknownDevice, peak_flops
 from launch.config import Job, ParallelismConfig
-from launch.planner.accuracy import MEMORY_OVER
-from launch.planner.memory import stage_memory
+from launch.planner.memory import memory_verdict, stage_memory
 from launch.planner.shapes import Shape, shape_of
 from launch.planner.steptime import precision_dtype, step_time
 from recovery.interval import resolve_interval
@@ -30,7 +29,7 @@ class Estimate:
     world_size: int
     memory_gb_per_gpu: float  # worst stage, GiB
     fits: bool  # the estimate is within cluster.gpu_memory_gb
-    memory_verdict: str  # fits | inside the error band | does not fit (beyond launch.planner.accuracy's bound)
+    memory_verdict: str  # fits | inside the error band | does not fit: launch.planner.memory.memory_verdict
     step_time_s: Optional[float]
     tflops_per_gpu: Optional[float]  # model FLOPs (no recompute) per second per GPU
     mfu: Optional[float]  # fraction of the dense peak
@@ -123,13 +122,8 @@ def estimate(job: Job, *, shape: Shape | None = None, flops: dict | None = None,
     shape = shape or shape_of(job.model, par.tp)
     stages = stage_memory(job, shape, attention)
     worst = max(stages, key=lambda s: s.total)
-    fits = c.gpu == "cpu" or worst.total <= c.gpu_memory_gb
-    if fits:
-        verdict = "fits"
-    elif worst.total <= c.gpu_memory_gb * (1 + MEMORY_OVER):
-        verdict = "inside the error band"
-    else:
-        verdict = "does not fit"
+    fits = c.gpu == "cpu" or worst.total <= c.gpu_memory_gb  # the ranking's test (launch/planner/layouts.py)
+    verdict = "fits" if c.gpu == "cpu" else memory_verdict(worst.total, c.gpu_memory_gb)  # what the tables say
     save_s = save_time_s(job, shape)
     iters = train_iterations(job)
     breakdown: dict[str, Any] = {"memory": worst.to_dict(), "stages": [s.to_dict() for s in stages]}

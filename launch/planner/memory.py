@@ -294,6 +294,19 @@ def _terms(s: StageMemory) -> str:
     return (" (" + ", ".join(f"{n} {v:.1f}" for n, v in s.workspace_terms) + ")") if s.workspace_terms else ""
 
 
+FITS, MAY_NOT_FIT, DOES_NOT_FIT = "fits", "inside the error band", "does not fit"
+
+
+def memory_verdict(total_gib: float, gpu_memory_gb: float) -> str:
+    """The one rule for the words every table uses about an estimated memory per GPU: ``fits`` at or below
+    ``(1 - MEMORY_UNDER)`` times the GPU's memory (the estimate has been up to that much low), ``inside the error
+    band`` up to ``(1 + MEMORY_OVER)`` times it (it may or may not fit: warned, never refused), ``does not fit``
+    above (refused). So 79.7 of 80 GiB is inside the band: the estimate may be 15% low."""
+    if total_gib <= gpu_memory_gb * (1 - MEMORY_UNDER):
+        return FITS
+    return MAY_NOT_FIT if total_gib <= gpu_memory_gb * (1 + MEMORY_OVER) else DOES_NOT_FIT
+
+
 def memory_problems(job: Job) -> list[Problem]:
     """Refuse a layout whose worst stage exceeds ``cluster.gpu_memory_gb`` by more than the planner's
     demonstrated overestimate (:data:`launch.planner.accuracy.MEMORY_OVER`); [] on CPU clusters.
@@ -303,7 +316,7 @@ def memory_problems(job: Job) -> list[Problem]:
         return []
     worst = worst_stage(job)
     bound = c.gpu_memory_gb * (1 + MEMORY_OVER)
-    if worst.total <= bound:
+    if memory_verdict(worst.total, c.gpu_memory_gb) != DOES_NOT_FIT:
         return []
     fixes = memory_fixes(job)
     return [Problem(
@@ -348,7 +361,7 @@ def memory_warnings(job: Job) -> list[str]:
         return []
     worst = worst_stage(job)
     low, high = c.gpu_memory_gb * (1 - MEMORY_UNDER), c.gpu_memory_gb * (1 + MEMORY_OVER)
-    if not low < worst.total <= high:
+    if memory_verdict(worst.total, c.gpu_memory_gb) != MAY_NOT_FIT:
         return []
     side = "above" if worst.total > c.gpu_memory_gb else "below"
     return [f"WARNING: estimated memory per GPU {worst.total:.1f} GiB is {side} cluster.gpu_memory_gb "
@@ -365,4 +378,5 @@ def _moe_ffn(job: Job) -> int:
 
 
 __all__ = ["GIB", "FRAMEWORKS", "CUDA_CONTEXT_GIB", "NCCL_COMM_GIB", "ALLOCATOR_SLACK", "attention_of", "communicators", "StageMemory", "stage_memory", "worst_stage", "memory_problems",
-           "format_breakdown", "num_microbatches", "memory_warnings", "layer_activation_bytes", "bytes_per_param"]
+           "format_breakdown", "num_microbatches", "memory_warnings",
+           "memory_verdict", "FITS", "MAY_NOT_FIT", "DOES_NOT_FIT", "layer_activation_bytes", "bytes_per_param"]
