@@ -28,6 +28,7 @@ from launch.planner.steptime import StepTime, achievable_rate, precision_dtype, 
 RECOMPUTES = ("full", "selective", "none")  # most memory-saving first: if one does not fit, the rest do not
 _LESS = {"selective": "full", "none": "selective", "full": None}  # the next more memory-saving recompute
 VARIANTS = tuple((dopt, rc) for dopt in (True, False) for rc in RECOMPUTES)  # per mesh, in that order
+MFU_DIGITS = 9  # MFUs equal to this many decimals tie (float noise): the one with less memory per GPU ranks first
 MAX_VPP = 16  # more chunks per stage only multiplies point-to-point sends; Megatron recipes stay below
 
 
@@ -159,7 +160,8 @@ def rank_layouts(job: Job, *, attention: str | None = None) -> tuple[list[Row], 
         rows.sort(key=lambda r: (not r.fits, r.par.recompute != "none", r.par.tp * r.par.pp * r.par.cp * r.par.ep,
                                  bool(r.par.vpp), r.memory.total if r.memory else float("inf")))
     else:
-        rows.sort(key=lambda r: (not r.fits, -(r.mfu or 0.0), r.memory.total if r.memory else float("inf")))
+        rows.sort(key=lambda r: (not r.fits, -round(r.mfu or 0.0, MFU_DIGITS),
+                                 r.memory.total if r.memory else float("inf")))
     return rows, invalid
 
 
@@ -171,6 +173,8 @@ def why_lost(row: Row, best: Row, limit: float) -> str:
         return f"does not fit: {row.memory.total:.1f} > {limit:g} GiB"
     if row.step is None or best.step is None:
         return "plainer layouts first (no MFU without a GPU peak)"
+    if f"{row.step.step_time_s:.3f}" == f"{best.step.step_time_s:.3f}":  # the table shows a tie: say what broke it
+        return tie_reason(row, best)
     terms = {
         "compute (recompute/imbalance)": row.step.compute_s - best.step.compute_s,
         "tp collectives": row.step.tp_comm_s - best.step.tp_comm_s,
@@ -183,7 +187,23 @@ def why_lost(row: Row, best: Row, limit: float) -> str:
     term, extra = max(terms.items(), key=lambda kv: kv[1])
     if extra <= 0:
         return "ties the winner"
+    net = row.step.step_time_s - best.step.step_time_s
+    if net < extra - 5e-4:  # other terms gave some of it back: the table's step times differ by less
+        return f"+{net:.3g} s/step: +{extra:.3g} {term}, less elsewhere"
     return f"+{extra:.3g} s/step {term}"
+
+
+def tie_reason(row: Row, best: Row) -> str:
+    """Why ``row`` ranks below ``best`` at the same step time (to the ms the table shows): the ranking's own keys,
+    MFU then memory per GPU (:func:`rank_layouts`), never a step-time term."""
+    lower = round(best.mfu or 0.0, MFU_DIGITS) - round(row.mfu or 0.0, MFU_DIGITS)
+    if lower > 0:
+        return f"same step time to the ms, MFU {100 * lower:.2g} points lower"
+    if row.memory is not None and best.memory is not None and row.memory.total > best.memory.total:
+        digits = next(d for d in range(2, 12) if f"{row.memory.total:.{d}f}" != f"{best.memory.total:.{d}f}")
+        return (f"same MFU, more memory per GPU ({row.memory.total:.{digits}f} vs {best.memory.total:.{digits}f} "
+                "GiB)")
+    return "ties the winner (listed first)"
 
 
 def format_table(job: Job, rows: list[Row], invalid: Counter, top: int) -> str:
