@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from launch.config import Job
+from launch.paths import RunDirError, resolved, run_dir_for, system_dir_issue
 from launch.planner.tiers import node_shard_bytes
 from launch.problems import Problem
 from recovery.storage import size_text
@@ -50,6 +51,25 @@ def local_plan(job: Job) -> dict:
                           f"node = {size_text(need)}"}
 
 
+def local_dir_issue(job: Job) -> Optional[str]:
+    """Why ``cluster.local_checkpoint_dir`` cannot hold this run's node-local sets: it is ``/`` or a shared system
+    directory (a shared ``/dev/shm`` itself), the run directory, or inside it or inside the run root (where other
+    runs live). None when it can."""
+    local = job.cluster.local_checkpoint_dir
+    system = system_dir_issue(local, "cluster.local_checkpoint_dir")
+    if system:
+        return system
+    where = resolved(local)
+    try:
+        owners = [(run_dir_for(job.cluster.run_root, job.run.name, job.run.dir), "the run directory")]
+    except RunDirError:  # refused by the run-directory rule: its own problem says so
+        owners = []
+    for owner, what in owners + [(resolved(job.cluster.run_root), "cluster.run_root")]:
+        if where == owner or owner in where.parents:
+            return f"cluster.local_checkpoint_dir = {local!r} is {what} or inside it ({owner})"
+    return None
+
+
 def problems(job: Job, free_bytes: Callable[[str], Optional[int]] = probe_free_bytes) -> list[Problem]:
     """Every problem of the local tier's settings (empty when it is off and its fields are well-formed)."""
     lc, c = job.training.local_checkpoint, job.cluster
@@ -70,6 +90,9 @@ def problems(job: Job, free_bytes: Callable[[str], Optional[int]] = probe_free_b
     if not c.local_checkpoint_dir.strip():
         out.append(Problem("cluster.local_checkpoint_dir", "the local tier needs a node-local directory",
                            f"{F}interval = {iv} with cluster.local_checkpoint_dir = ''",
+                           "set cluster.local_checkpoint_dir=/dev/shm/slurmtron (or a local NVMe path)"))
+    elif (where := local_dir_issue(job)) is not None:
+        out.append(Problem("cluster.local_checkpoint_dir", "not a node-local directory of the run's own", where,
                            "set cluster.local_checkpoint_dir=/dev/shm/slurmtron (or a local NVMe path)"))
     if isinstance(lc.replication, int) and lc.replication > max(1, c.nodes):
         out.append(Problem(

@@ -160,6 +160,21 @@ def run_root_issue(run_root: object) -> Optional[tuple[str, str]]:
     return None
 
 
+# directories that hold a system or every user's files: a run (or a node-local tier) never takes one over
+SYSTEM_DIRS = frozenset(Path(p) for p in ("/", "/bin", "/boot", "/dev", "/dev/shm", "/etc", "/home", "/lib", "/lib64",
+                                          "/media", "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys",
+                                          "/tmp", "/usr", "/var", "/var/tmp", "/scratch"))
+
+
+def system_dir_issue(path: str, field: str) -> Optional[str]:
+    """Why ``path`` may not be a run's own directory: it resolves to ``/``, a system directory or a home directory."""
+    where = resolved(path)
+    if where in SYSTEM_DIRS or where == resolved("~") or where.parent == Path("/home"):
+        shown = "" if str(where) == path else f", which resolves to {where}"
+        return f"{field} = {path!r}{shown}, a system or shared directory, not a directory of its own"
+    return None
+
+
 def run_dir_issue(run_dir: object, field: str = "run.dir") -> Optional[tuple[str, str]]:
     """Why an explicit run directory (``run.dir`` or a path on the command line) is refused (``None``: it is not)."""
     if not isinstance(run_dir, str) or not run_dir.strip():
@@ -167,6 +182,9 @@ def run_dir_issue(run_dir: object, field: str = "run.dir") -> Optional[tuple[str
     bad = _control(run_dir)
     if bad:
         return f"{field} = {run_dir!r} contains the control character {bad}", "remove it"
+    system = system_dir_issue(run_dir, field)
+    if system:
+        return system, "give the run a directory of its own (e.g. runs/NAME)"
     if "%" in run_dir:
         return (f"{field} = {run_dir!r} contains '%' (Slurm expands it in the log paths, not in the run directory)",
                 "choose a directory without '%'")

@@ -232,6 +232,27 @@ def test_bad_local_tier_settings_are_one_problem_each(overrides, field, fragment
     assert fragment in got[0].arithmetic and got[0].fix
 
 
+@pytest.mark.parametrize("local,fragment", [
+    ("/", "a system or shared directory"),
+    ("/dev/shm", "a system or shared directory"),
+    ("/nonexistent/runs/t/../../../tmp", "which resolves to /tmp"),
+    ("/nonexistent/runs/t", "the run directory or inside it"),
+    ("/nonexistent/runs/t/local", "the run directory or inside it"),
+])
+def test_a_local_directory_that_is_shared_or_the_runs_own_is_refused(local, fragment):
+    got = problems("training.local_checkpoint.interval=2", f"cluster.local_checkpoint_dir={local}")
+    assert [p.field for p in got] == ["cluster.local_checkpoint_dir"], got
+    assert fragment in got[0].arithmetic and got[0].fix
+
+
+def test_a_local_directory_inside_the_run_root_where_other_runs_live_is_refused(tmp_path):
+    job = compose_job(["cluster=local", "model=tiny", "cluster.nodes=2", "cluster.gpus_per_node=2",
+                       f"cluster.run_root={tmp_path / 'runs'}", "run.name=t", "training.local_checkpoint.interval=2",
+                       f"cluster.local_checkpoint_dir={tmp_path / 'runs' / 'other'}"])
+    got = [p for p in check(job, free_bytes=lambda _p: 10**12) if p.field == "cluster.local_checkpoint_dir"]
+    assert len(got) == 1 and "cluster.run_root or inside it" in got[0].arithmetic
+
+
 def test_a_local_directory_too_small_for_two_sets_times_the_replication_is_refused_with_the_arithmetic():
     ok = ["training.local_checkpoint.interval=2", "cluster.local_checkpoint_dir=/tmp/l"]
     need = needed_bytes(compose_job([*BASE, *ok]))

@@ -65,3 +65,22 @@ def test_a_config_saved_with_a_retired_field_still_loads_with_a_warning(tmp_path
     assert job.model.name == compose_job(["model=tiny"]).model.name
     assert len(said) == 1 and "training.fail_at_iter=3" in said[0] and "SLURMTRON_TEST_FAIL_AT_ITER" in said[0]
     assert not hasattr(job.training, "fail_at_iter")
+
+
+@pytest.mark.parametrize("run_dir,fragment", [
+    ("/", "'/', a system or shared directory"),
+    ("/etc", "a system or shared directory"),
+    ("/tmp/../etc", "which resolves to /etc"),
+    ("'~'", "a system or shared directory"),
+])
+def test_a_run_directory_that_is_a_system_or_home_directory_is_refused(run_dir, fragment):
+    from launch.check import run_dir_problems
+
+    (p,) = run_dir_problems(compose_job(["cluster=local", "model=tiny", f"run.dir={run_dir}"]))
+    assert p.field == "run.dir" and fragment in p.arithmetic and "directory of its own" in p.fix
+
+
+def test_a_run_directory_of_its_own_is_accepted(tmp_path):
+    from launch.check import run_dir_problems
+
+    assert run_dir_problems(compose_job(["cluster=local", "model=tiny", f"run.dir={tmp_path / 'runs' / 'x'}"])) == []
