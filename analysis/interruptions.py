@@ -421,17 +421,27 @@ def _in_job_windows(win: pd.DataFrame, ev: pd.DataFrame) -> pd.DataFrame:
         if not here.any():
             continue
         state, end, gpus = (win.loc[here, c].iloc[0] for c in ("state", "end", "gpus"))
-        win.loc[here, ["end", "state"]] = [r.ts, pd.NA]
+        win.loc[here, "end"] = _at_resolution(r.ts, win["end"])
+        win.loc[here, "state"] = pd.NA
         if not there.any():
             continue
         if pd.isna(win.loc[there, "state"].iloc[0]) and isinstance(state, str):
             win.loc[there, "state"] = state
             if pd.notna(end):
                 win.loc[there, "end"] = end
-        win.loc[there, "start"] = r.ts
+        win.loc[there, "start"] = _at_resolution(r.ts, win["start"])
         if pd.isna(win.loc[there, "gpus"].iloc[0]):
             win.loc[there, "gpus"] = gpus
     return win
+
+
+def _at_resolution(ts, column: pd.Series):
+    """``ts`` (an event's time: nanoseconds from a float epoch) at the resolution of a datetime ``column`` (sacct's
+    microseconds under pandas 3, whatever it is): pandas refuses to store a finer time in a coarser column."""
+    if ts is None or pd.isna(ts):
+        return pd.NaT
+    unit = np.datetime_data(column.dtype)[0] if column.dtype.kind == "M" else "ns"
+    return pd.Timestamp(ts).as_unit(unit, round_ok=True)
 
 
 def _requeued(att: pd.DataFrame, job: str, attempt) -> bool:
