@@ -4,7 +4,9 @@ A checkpoint is loaded into the run's processes; anyone who can write its direct
 change what is loaded (and reseal the manifest, which is an integrity check, not authentication).
 So before a resume, the checkpoint directory that would be loaded, every file in it, and the run's
 checkpoint directory above it must be owned by the user the run runs as and writable by nobody else
-(no group or world write bit). Anything else refuses the start with
+(no group or world write bit). A symlink among them is judged by what it names, and by every directory above
+that, where another user could swap the target (each owned by the user or root, and writable by nobody else
+unless sticky, like ``/tmp``). Anything else refuses the start with
 :data:`recovery.policy.EXIT_SHARED_CKPT`, naming the path and the fix.
 
 A site whose project directories are shared on purpose (a group-writable checkpoint root, umask 002)
@@ -32,14 +34,38 @@ def trusts_shared(env: Mapping[str, str]) -> bool:
 
 def _problem(path: Path, uid: int) -> Optional[str]:
     st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        return None  # a symlink's own bits mean nothing; what it names is judged where it is listed
+    if stat.S_ISLNK(st.st_mode):  # a symlink's own bits mean nothing: what it names, and the way there, are judged
+        return _link_problem(path, uid)
+    return _mode_problem(path, st, uid)
+
+
+def _mode_problem(path: Path, st: os.stat_result, uid: int) -> Optional[str]:
     if st.st_uid != uid:
         return f"{path} is owned by uid {st.st_uid}, not by this run's user (uid {uid})"
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         who = "group- and world-writable" if st.st_mode & stat.S_IWOTH and st.st_mode & stat.S_IWGRP else \
             "world-writable" if st.st_mode & stat.S_IWOTH else "group-writable"
         return f"{path} is {who} (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
+
+
+def _link_problem(link: Path, uid: int) -> Optional[str]:
+    """Why what symlink ``link`` names could be changed by another user: the target itself (owned by this user,
+    writable by nobody else), and every directory above it, where another user could swap the target (each owned by
+    this user or root, and writable by nobody else unless sticky, like /tmp)."""
+    target = Path(os.path.realpath(link))
+    if not target.exists():
+        return f"{link} is a symlink to {target}, which does not exist"
+    why = _mode_problem(target, os.stat(target), uid)
+    if why:
+        return f"{link} is a symlink to {target}: {why.replace(str(target) + ' ', '', 1)}"
+    for d in target.parents:
+        st = os.stat(d)
+        if st.st_uid not in (uid, 0):
+            return f"{link} is a symlink into {d}, owned by uid {st.st_uid}, not by this run's user (uid {uid}) or root"
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+            return (f"{link} is a symlink into {d}, which other users can write (mode {stat.S_IMODE(st.st_mode):o}): "
+                    "they could replace what it names")
     return None
 
 

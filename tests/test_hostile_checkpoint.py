@@ -193,6 +193,34 @@ def test_a_checkpoint_other_users_can_write_is_refused_unless_trusted(root: Path
     assert trusts_shared({TRUST_ENV: "1"}) and not trusts_shared({}) and not trusts_shared({TRUST_ENV: "0"})
 
 
+@pytest.mark.parametrize("what", ["metadata", "checkpoint"])
+def test_a_symlink_is_judged_by_what_it_names_and_the_way_there(root: Path, tmp_path: Path, what: str) -> None:
+    """A .metadata symlinked into another user's world-writable directory, or a whole checkpoint directory symlinked
+    to a 0777 directory: refused as a shared checkpoint (exit 13) under its own name, not loaded, nothing moved."""
+    ckpt = real_checkpoint(root, 2)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if what == "metadata":
+        os.replace(ckpt / ".metadata", elsewhere / ".metadata")
+        os.chmod(elsewhere, 0o777)  # anyone can swap the file the link names
+        (ckpt / ".metadata").symlink_to(elsewhere / ".metadata")
+        name = ".metadata"
+    else:
+        moved = elsewhere / ckpt.name
+        os.replace(ckpt, moved)
+        os.chmod(moved, 0o777)
+        ckpt.symlink_to(moved)
+        name = ckpt.name
+    plan = plan_resume(root)
+    assert plan.action == "refuse" and plan.reason == "shared_checkpoint", plan
+    assert name in plan.detail and "symlink" in plan.detail and TRUST_ENV in plan.detail
+    assert list_quarantine(root) == []
+    # the same link to a directory of the run's user that nobody else can write is judged like the file itself
+    os.chmod(elsewhere if what == "metadata" else elsewhere / ckpt.name, 0o755)
+    assert writable_by_others(root, ckpt) is None
+    assert "owned by uid" in writable_by_others(root, ckpt, uid=os.getuid() + 1)
+
+
 def test_a_checkpoint_owned_by_another_uid_is_refused(root: Path) -> None:
     ckpt = real_checkpoint(root, 2)
     other = os.getuid() + 1
