@@ -1,4 +1,6 @@
-"""Small data files for tests: a Megatron ``.bin/.idx`` pair of given sequence lengths, a BPE tokenizer.
+"""Small data files for tests: a Megatron ``.bin/.idx`` pair of given sequence lengths, a BPE tokenizer, a corpus,
+and the repository's ``examples/`` data files (:func:`write_examples`; ``python tests/datafiles.py examples``
+rewrites them, ``tests/test_docs_commands.py`` checks that the shipped ones are still what it writes).
 
 ``write_index`` writes the version-1 layout of Megatron-Core's ``IndexedDatasetBuilder``
 (header, version, dtype code, counts, lengths, pointers, document indices) with struct and
@@ -10,7 +12,7 @@ import json
 import random
 import struct
 from pathlib import Path
-from typing import Sequence
+from typing import List, Sequence
 
 import numpy as np
 
@@ -68,3 +70,21 @@ def corpus(path: Path, docs: int = 400, seed: int = 0, words: Sequence[str] = ()
             f.write(json.dumps({"text": " ".join(f"{rng.choice(subj)} {rng.choice(verb)} {rng.choice(obj)}."
                                                  for _ in range(n))}) + "\n")
     return path
+
+
+def write_examples(dest: Path) -> List[Path]:
+    """The files of the repository's ``examples/`` that the docs' commands read: ``web.jsonl`` and ``corpus.jsonl``
+    (200 short documents each) and ``tokenizer.json``, a byte-level BPE of 300 tokens trained on both."""
+    web = corpus(dest / "web.jsonl", docs=200, seed=1)
+    other = corpus(dest / "corpus.jsonl", docs=200, seed=0)
+    texts = [json.loads(line)["text"] for f in (web, other) for line in f.read_text(encoding="utf-8").splitlines()]
+    return [web, other, train_bpe(dest / "tokenizer.json", texts, vocab_size=300)]
+
+
+if __name__ == "__main__":  # python tests/datafiles.py examples
+    import sys
+
+    if len(sys.argv) != 2:
+        sys.exit("usage: python tests/datafiles.py DIR   (writes the examples/ data files into DIR)")
+    for written in write_examples(Path(sys.argv[1])):
+        print(f"wrote {written}")

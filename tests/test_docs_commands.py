@@ -12,12 +12,13 @@ The extraction rules, which the docs follow (docs/README.md says them too):
   command: each of its non-empty lines must appear in that command's stdout or stderr (a line ``...`` stands for
   lines left out).
 
-The runnable commands of one block run in order (a later one may read what an earlier one wrote), each with
-``bash -c``, in a fresh copy of the repository (as a user would run it from the checkout),
-with ``PYTHONPATH`` at that copy. The copy holds what the docs' commands read: ``runs/llama70b`` is a copy of the
-real Slurm run in ``tests/fixtures/slurm_run`` (complete: for ``status.py``, ``stop.py``, ``report.py``), ``runs/demo``
-the same run cut in its third attempt (a run that is still going, for ``stop.py``), ``corpus.jsonl`` and
-``web.jsonl`` are small JSONL corpora and ``tok/tokenizer.json`` a BPE tokenizer trained on them.
+The runnable commands of one page run in order (a later one may read what an earlier one wrote, as for a user who
+follows the page), each with ``bash -c``, in a fresh copy of the repository: the files a clone holds (git's tracked
+files and new ones it does not ignore), nothing planted, with ``PYTHONPATH`` at that copy. What the commands read is
+in the repository: ``tests/fixtures/slurm_run`` (a real run recorded on the local Slurm cluster, complete) and the
+data files of ``examples/`` (two small JSONL corpora and a BPE ``tokenizer.json``; ``tests/datafiles.py`` writes them,
+and a test below checks they are still what it writes). The copy holds no ``runs/``: the test does not train, so a
+command that reads the quickstart's ``runs/tiny`` carries the marker. No command may change a file of the clone.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import pytest
 
-from datafiles import corpus, train_bpe
+from datafiles import write_examples
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -144,20 +145,31 @@ def all_commands() -> List[Command]:
     return [c for path in DOCS for c in extract(path.read_text(encoding="utf-8"), str(path.relative_to(REPO)))]
 
 
-def prepare(root: Path) -> Path:
-    """A copy of the repository with the files the docs' commands read; returns its root."""
-    def ignore(_dir: str, names: List[str]) -> List[str]:
-        return [n for n in names if n in SKIP_COPY or n.endswith(".pyc")]
+def clone_files() -> List[str]:
+    """The repository's files as a clone of it (with the changes not committed yet) holds them: git's tracked files
+    that exist and the new files git does not ignore; without git, every file but ``SKIP_COPY``'s."""
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                                capture_output=True, check=True).stdout.decode().split("\0")
+    except (OSError, subprocess.CalledProcessError):
+        return [str(p.relative_to(REPO)) for p in REPO.rglob("*")
+                if not p.is_dir() and not SKIP_COPY.intersection(p.relative_to(REPO).parts) and p.suffix != ".pyc"]
+    return [f for f in listed if f and os.path.lexists(REPO / f)]
 
-    shutil.copytree(REPO, root, ignore=ignore, symlinks=True)
-    shutil.copytree(REPO / "tests" / "fixtures" / "slurm_run", root / "runs" / "llama70b")
-    demo = shutil.copytree(REPO / "tests" / "fixtures" / "slurm_run", root / "runs" / "demo")
-    events = (demo / "events.jsonl").read_text().splitlines(keepends=True)
-    (demo / "events.jsonl").write_text("".join(events[:30]))  # its third attempt is still running
-    corpus(root / "corpus.jsonl", docs=200, seed=0)
-    web = corpus(root / "web.jsonl", docs=200, seed=1)
-    train_bpe(root / "tok" / "tokenizer.json", [line for line in web.read_text().splitlines()], vocab_size=300)
+
+def prepare(root: Path) -> Path:
+    """A fresh copy of the repository, nothing added; returns its root."""
+    for name in clone_files():
+        dest = root / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, dest, follow_symlinks=False)
     return root
+
+
+def snapshot(root: Path) -> dict:
+    """Size and modification time of every file under ``root``."""
+    return {str(p.relative_to(root)): (p.lstat().st_size, p.lstat().st_mtime_ns)
+            for p in root.rglob("*") if not p.is_dir()}
 
 
 def run(command: Command, root: Path) -> List[str]:
@@ -183,14 +195,14 @@ def run(command: Command, root: Path) -> List[str]:
 
 COMMANDS = all_commands()
 RUNNABLE = [c for c in COMMANDS if c.skip is None]
-# the runnable commands of one ```bash block run one after another in one copy (a later one may read what an
-# earlier one wrote); the test is named by the block's first runnable command
-BLOCKS: List[List[Command]] = []
+# the runnable commands of one page run one after another in one copy (a later one may read what an earlier one
+# wrote, as for a user who follows the page); the test is named by the page
+PAGES: List[List[Command]] = []
 for _c in RUNNABLE:
-    if BLOCKS and BLOCKS[-1][-1].doc == _c.doc and _c.block == BLOCKS[-1][-1].block:
-        BLOCKS[-1].append(_c)
+    if PAGES and PAGES[-1][-1].doc == _c.doc:
+        PAGES[-1].append(_c)
     else:
-        BLOCKS.append([_c])
+        PAGES.append([_c])
 
 
 # Documented behaviour the product does not have yet, each with the change that brings it (an entry is removed
@@ -199,18 +211,32 @@ KNOWN_GAPS = {
 }
 
 
-def _param(block: List[Command]) -> Any:
-    gap = next((why for key, why in KNOWN_GAPS.items() for c in block if key in c.text), None)
+def _param(page: List[Command]) -> Any:
+    gap = next((why for key, why in KNOWN_GAPS.items() for c in page if key in c.text), None)
     marks = [pytest.mark.xfail(reason=gap, strict=False)] if gap else []
-    return pytest.param(block, id=block[0].id, marks=marks)
+    return pytest.param(page, id=page[0].doc, marks=marks)
 
 
-@pytest.mark.parametrize("block", [_param(b) for b in BLOCKS])
-def test_documented_commands_do_what_the_docs_say(block: List[Command], tmp_path: Path) -> None:
+@pytest.mark.parametrize("page", [_param(p) for p in PAGES])
+def test_documented_commands_do_what_the_docs_say(page: List[Command], tmp_path: Path) -> None:
     root = prepare(tmp_path / "repo")
-    for command in block:
+    before = snapshot(root)
+    for command in page:
         problems = run(command, root)
         assert not problems, f"{command.id}: {command.text}\n" + "\n".join(problems)
+    after = snapshot(root)
+    changed = sorted(name for name, stat in before.items() if after.get(name) != stat)
+    assert not changed, f"{page[0].doc}: its commands changed or removed files of the clone: {changed}"
+
+
+def test_the_example_files_are_what_datafiles_writes(tmp_path: Path) -> None:
+    """``examples/`` ships the data files the docs read; ``tests/datafiles.py`` is their one recipe."""
+    written = write_examples(tmp_path)
+    shipped = sorted(p.name for p in (REPO / "examples").iterdir() if p.suffix in (".jsonl", ".json"))
+    assert shipped == sorted(p.name for p in written)
+    for path in written:
+        assert (REPO / "examples" / path.name).read_bytes() == path.read_bytes(), (
+            f"examples/{path.name} is not what tests/datafiles.py writes: python tests/datafiles.py examples")
 
 
 def test_every_command_not_run_says_why() -> None:
