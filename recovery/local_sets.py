@@ -39,6 +39,7 @@ from launch.paths import (
     local_set_name,
     parse_local_set_name,
 )
+from recovery import trust
 from recovery.storage import HASH_NAME, LocalStorage, digest_key, size_text
 
 FORMAT = "slurmtron-local-checkpoint"
@@ -195,6 +196,7 @@ class Inventory:
     sets: List[HeldSet] = field(default_factory=list)
     skipped: List[tuple] = field(default_factory=list)  # (path, step, owner or '', reason)
     room_bytes: Optional[int] = None  # free where the directory is plus what this run's files there take (None: unknown)
+    trusted: List[tuple] = field(default_factory=list)  # (path, step, why): others can write it, loaded as trusted
 
 
 def node_room(node_dir: Path, storage: Optional[LocalStorage] = None) -> Optional[int]:
@@ -234,9 +236,16 @@ def room_notices(inventories: Iterable[Inventory], plan: Optional[dict], step: O
 
 
 def scan_node(node_dir: Path, node: str, *, identity: Optional[dict] = None,
-              storage: Optional[LocalStorage] = None, clock: Callable[[], float] = time.time) -> Inventory:
+              storage: Optional[LocalStorage] = None, clock: Callable[[], float] = time.time,
+              trust_shared: bool = False, uid: Optional[int] = None) -> Inventory:
     """Verify every committed local set in ``node_dir`` (SHA-256 of every file); staging and pruned ones are not
-    candidates. A set of another run (its manifest's run name or id) is skipped, never loaded."""
+    candidates. A set of another run (its manifest's run name or id) is skipped, never loaded.
+
+    The global tier's trust rule holds here too (:mod:`recovery.trust`): a set that another user could have
+    written (a file or directory owned by another uid or writable by group or others, on the way from the node's
+    directory down, or a symlink into such a place) is skipped: its manifest could have been resealed to choose the
+    restored weights and step. The resume then falls back to the global tier (a WARNING and an event).
+    ``trust_shared`` (``SLURMTRON_TRUST_SHARED_CHECKPOINTS=1``) loads it anyway, said as a notice."""
     st = storage or LocalStorage()
     inv = Inventory(node)
     if not st.is_dir(node_dir):
@@ -246,6 +255,16 @@ def scan_node(node_dir: Path, node: str, *, identity: Optional[dict] = None,
         if parsed is None or parsed[1] in (STAGING_SUFFIX, DELETE_SUFFIX):
             continue
         path = Path(node_dir) / name
+        try:
+            shared = trust.tree_writable_by_others(Path(node_dir), path, uid=uid)
+        except OSError as e:
+            shared = f"cannot examine {path}: {e.strerror or e}"
+        if shared and not trust_shared:
+            inv.skipped.append((str(path), parsed[0], "", f"other users could have written it: {shared} "
+                                                            f"({trust.TRUST_ENV}=1 loads it anyway)"))
+            continue
+        if shared:
+            inv.trusted.append((str(path), parsed[0], shared))
         seen: Dict[str, list] = {}
         doc, verdict, why = verify_set(path, storage=st, now=clock(), seen=seen)
         if why is not None:
@@ -313,6 +332,13 @@ def choose(global_step: Optional[int], inventories: Iterable[Inventory], *, worl
             if step > floor:
                 out.notices.append(_notice(path, step, owner, reason, f"on node {inv.node}" +
                                            (f", the copy of node {owner}'s shards" if owner else "")))
+        for path, step, why in inv.trusted:
+            if step > floor:
+                out.notices.append({"event": EventKind.SHARED_CHECKPOINT_TRUSTED, "step": step, "path": path,
+                                    "reason": "trusted_by_env",
+                                    "message": f"the local set of step {step} on node {inv.node} may be loaded "
+                                               f"although other users could have written it ({why}): "
+                                               f"{trust.TRUST_ENV}=1 trusts it"})
     by_step: Dict[int, List[HeldSet]] = {}
     for inv in invs:
         for s in inv.sets:

@@ -79,3 +79,24 @@ def writable_by_others(root: Path, ckpt: Path, *, uid: Optional[int] = None) -> 
         if why:
             return why
     return None
+
+
+def tree_writable_by_others(top: Path, path: Path, *, uid: Optional[int] = None) -> Optional[str]:
+    """Why another user could have changed directory ``path`` (below ``top``), or None: ``top``, every directory
+    from it down to ``path``, and everything under ``path`` (symlinks judged as in :func:`writable_by_others`).
+    The node-local tier's rule: the same as the global tier's, for a tree of sets. Raises OSError like it."""
+    uid = os.getuid() if uid is None else uid
+    top, path = Path(top), Path(path)
+    chain = [top]
+    for part in path.relative_to(top).parts:
+        chain.append(chain[-1] / part)
+    for d in chain:
+        why = _problem(d, uid)
+        if why:
+            return why
+    for dirpath, dirnames, filenames in os.walk(path):  # never follows a symlinked directory: it is judged instead
+        for name in sorted(dirnames + filenames):
+            why = _problem(Path(dirpath) / name, uid)
+            if why:
+                return why
+    return None

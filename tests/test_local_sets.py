@@ -92,6 +92,47 @@ def test_a_complete_set_newer_than_the_global_checkpoint_is_chosen_each_rank_fro
     assert local_sets.fetch_plan(got, NODES4) == {0: None, 1: None, 2: None, 3: None}
 
 
+@pytest.mark.parametrize("how", ["world_writable_file", "foreign_owner", "world_writable_node_dir", "symlink"])
+def test_a_local_set_other_users_could_have_written_is_skipped_unless_trusted(tmp_path, how):
+    """The global tier's trust rule on the node-local tier: a set whose manifest another user could reseal is never
+    loaded silently; the resume falls back with a notice, or loads it with a trust notice under the switch."""
+    ring_of_sets(tmp_path, 6)
+    paths = LocalPaths(tmp_path, "tiny")
+    other = tmp_path / "other"
+    other.mkdir(mode=0o777)
+    os.chmod(other, 0o777)
+
+    def taint(node):
+        node_dir = paths.node_dir(node)
+        d = node_dir / local_set_name(6)
+        if how == "world_writable_file":
+            os.chmod(d / LOCAL_MANIFEST, 0o666)
+        elif how == "foreign_owner":
+            os.chown(d / LocalPaths.shard_files("node1", 2)[0], os.getuid() + 1, -1)
+        elif how == "world_writable_node_dir":
+            os.chmod(node_dir, 0o777)
+        else:
+            shard = d / LocalPaths.shard_files("node1", 2)[0]
+            os.replace(shard, other / node)
+            shard.symlink_to(other / node)
+        return d
+
+    d1 = taint("node1")  # node1's own copy: its ranks read node0's replica instead
+    got = choose(tmp_path, global_step=4)
+    assert got.step == 6 and {r: h for r, (h, _p, _o) in got.sources.items()} == {0: "node0", 1: "node0", 2: "node0",
+                                                                                   3: "node0"}
+    (n,) = [n for n in got.notices if n["path"] == str(d1)]
+    assert n["event"] == EventKind.LOCAL_CHECKPOINT_SKIPPED and "other users could have written it" in n["reason"]
+    assert "SLURMTRON_TRUST_SHARED_CHECKPOINTS=1" in n["reason"]
+    taint("node0")  # every copy: the resume falls back to the global checkpoint of step 4
+    got = choose(tmp_path, global_step=4)
+    assert got.step is None and len([n for n in got.notices if "other users could" in n["reason"]]) == 2
+    trusted = local_sets.choose(4, [local_sets.scan_node(paths.node_dir(x), x, trust_shared=True)
+                                    for x in ("node0", "node1")], world=4, layout=LAYOUT, identity=IDENTITY)
+    assert trusted.step == 6
+    assert [n["event"] for n in trusted.notices] == [EventKind.SHARED_CHECKPOINT_TRUSTED] * 2  # one per node's copy
+
+
 def test_the_global_checkpoint_wins_at_the_same_step_or_newer(tmp_path):
     ring_of_sets(tmp_path, 8)
     assert choose(tmp_path, global_step=8).step is None

@@ -36,6 +36,7 @@ from launch.dist_env import node_name
 from launch.kinds import EventKind
 from launch.paths import DELETE_SUFFIX, LocalPaths, local_set_name
 from recovery import local_sets
+from recovery.trust import trusts_shared
 from recovery.events import read_events
 from recovery.resume import Resume
 from recovery.start import Start
@@ -370,12 +371,13 @@ def gather_inventories(ctx: RankContext) -> Optional[tuple]:
     inv = None
     if local_sets.ranks_of(nodes)[node][0] == ctx.rank:
         node_dir = local_paths(ctx.job).node_dir(node)
-        found = local_sets.scan_node(node_dir, node, storage=ctx.storage)
+        found = local_sets.scan_node(node_dir, node, storage=ctx.storage, trust_shared=trusts_shared(ctx.env))
         found.room_bytes = local_sets.node_room(node_dir, ctx.storage)
         inv = asdict(found)
     got = gather(inv)
     return nodes, (None if got is None else [local_sets.Inventory(
-        i["node"], [local_sets.HeldSet(**s) for s in i["sets"]], [tuple(x) for x in i["skipped"]], i["room_bytes"])
+        i["node"], [local_sets.HeldSet(**s) for s in i["sets"]], [tuple(x) for x in i["skipped"]], i["room_bytes"],
+        [tuple(x) for x in i["trusted"]])
         for i in got if i is not None])
 
 
