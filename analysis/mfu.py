@@ -8,15 +8,16 @@ job itself printed, if it did.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
 
+from analysis import throughput
 from analysis.flops import UnknownDevice, hardware_flops, num_floating_point_operations, peak_flops
 
 __all__ = ["RunShape", "layout_label", "shape_from_config", "step_metrics", "attempt_summary", "layout_summary",
-           "regression_flags", "straggler_flags"]
+           "regression_flags", "straggler_flags", "run_figures", "step_work"]
 
 
 @dataclass
@@ -34,7 +35,7 @@ class RunShape:
     layout: str = "unknown"
 
 
-_PRECISION_DTYPE = {"bf16": "bf16", "fp16": "fp16", "fp32": "tf32", "fp8": "fp8"}
+_PRECISION_DTYPE = throughput.PRECISION_DTYPE
 
 
 def shape_from_config(cfg: dict[str, Any] | None) -> RunShape:
@@ -123,28 +124,70 @@ def _steady(df: pd.DataFrame, warmup: int) -> pd.DataFrame:
     return df[n >= warmup]
 
 
-def attempt_summary(m: pd.DataFrame, warmup: int = 2) -> pd.DataFrame:
-    """Median throughput figures per attempt (job segment), warm-up steps excluded."""
+def step_work(m: pd.DataFrame) -> dict:
+    """The work of one step, from the per-step rates x step times (the same for every step of a run): the keyword
+    arguments :func:`analysis.throughput.figures` derives the rates from its one step time with."""
+    secs = m["elapsed_ms"] / 1000.0
+
+    def med(col: str):
+        v = (m[col] * secs).median() if col in m and len(m) else np.nan
+        return None if v != v else float(v)
+
+    return {"tokens_per_step": med("tokens_per_s"), "tflop_per_gpu_step": med("tflops"),
+            "mfu_seconds": med("mfu"), "hfu_seconds": med("hfu")}
+
+
+def _attempt_times(m: pd.DataFrame) -> list:
+    """Each attempt's logged step times (seconds), in the order logged."""
+    return [list(g["elapsed_ms"] / 1000.0) for _, g in m.groupby(["job", "attempt"], sort=False)]
+
+
+def run_figures(m: pd.DataFrame, events: Optional[list] = None) -> throughput.RunFigures:
+    """The run's figures (:mod:`analysis.throughput`): rank 0's step times from the event log's ``iteration``
+    events where it has them, else the log lines'; the work of a step from the log lines."""
+    work = step_work(m) if len(m) else {}
+    ev = throughput.attempts_from_events(events or [])
+    if ev:
+        return throughput.figures(ev, source="event log", **work)
+    return throughput.figures(_attempt_times(m) if len(m) else [], source="log lines", **work)
+
+
+_FIGURES = ["step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "hfu"]
+
+
+def _figure_columns(s: pd.DataFrame) -> pd.Series:
+    f = throughput.figures([list(s["elapsed_ms"] / 1000.0)], warmup=0, **step_work(s))
+    return pd.Series({"step_time_s": f.step_time_s, "tokens_per_s": f.tokens_per_s, "tflops_per_gpu": f.tflops_per_gpu,
+                      "mfu": f.mfu, "hfu": f.hfu}, dtype=float)
+
+
+def attempt_summary(m: pd.DataFrame, warmup: int = throughput.WARMUP_STEPS) -> pd.DataFrame:
+    """Per attempt (job segment), over its steady steps: the median step time and the rates at it
+    (:mod:`analysis.throughput`'s definition, per attempt)."""
     s = _steady(m, warmup)
     if s.empty:
         s = m
+    if s.empty:
+        return pd.DataFrame(columns=["job", "attempt", "layout", "steps", *_FIGURES, "first_step", "last_step"])
     g = s.groupby(["job", "attempt"])
-    return g.agg(
-        layout=("layout", "first"), steps=("iteration", "size"), step_time_s=("elapsed_ms", lambda x: x.median() / 1000),
-        tokens_per_s=("tokens_per_s", "median"), tflops_per_gpu=("tflops", "median"), mfu=("mfu", "median"),
-        hfu=("hfu", "median"), first_step=("iteration", "min"), last_step=("iteration", "max"),
-    ).reset_index()
+    head = g.agg(layout=("layout", "first"), steps=("iteration", "size")).reset_index()
+    figs = g.apply(_figure_columns, include_groups=False).reset_index(drop=True)
+    tail = g.agg(first_step=("iteration", "min"), last_step=("iteration", "max")).reset_index(drop=True)
+    return pd.concat([head, figs, tail], axis=1)
 
 
-def layout_summary(m: pd.DataFrame, warmup: int = 2) -> pd.DataFrame:
-    """Median throughput figures per layout (across runs of a sweep, or across attempts)."""
+def layout_summary(m: pd.DataFrame, warmup: int = throughput.WARMUP_STEPS) -> pd.DataFrame:
+    """Per layout (across runs of a sweep, or across attempts), over the steady steps: the median step time and the
+    rates at it."""
     s = _steady(m, warmup)
     if s.empty:
         s = m
-    return s.groupby("layout").agg(
-        steps=("iteration", "size"), tokens_per_s=("tokens_per_s", "median"),
-        tflops_per_gpu=("tflops", "median"), mfu=("mfu", "median"), hfu=("hfu", "median"),
-    ).reset_index()
+    if s.empty:
+        return pd.DataFrame(columns=["layout", "steps", *_FIGURES[1:]])
+    g = s.groupby("layout")
+    head = g.agg(steps=("iteration", "size")).reset_index()
+    figs = g.apply(_figure_columns, include_groups=False).reset_index(drop=True)
+    return pd.concat([head, figs.drop(columns=["step_time_s"])], axis=1)
 
 
 def regression_flags(m: pd.DataFrame, *, window: int = 20, baseline_steps: int = 50,

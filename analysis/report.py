@@ -25,8 +25,10 @@ from analysis import figures, recovery_time, spend  # noqa: E402
 from analysis.interruptions import build_attempts, goodput, interruptions
 from analysis.load import RunInputs, load_paths
 from analysis.mfu import (
-    RunShape, attempt_summary, layout_summary, regression_flags, shape_from_config, step_metrics, straggler_flags,
+    RunShape, attempt_summary, layout_summary, regression_flags, run_figures, shape_from_config, step_metrics,
+    straggler_flags,
 )
+from analysis import throughput
 from analysis.document import counts, csv_safe, num, pct, to_html, to_markdown
 from analysis.plots import MEMORY_SERIES, plot_goodput, plot_loss_by_step, plot_memory, plot_mfu_by_layout, plot_timeline
 from analysis.slice_end import report_line
@@ -78,6 +80,8 @@ def analyze_run(run: RunInputs, shape: RunShape, *, window: int = 20, threshold:
         "attempts": att, "interruptions": intr, "metrics": m, "by_attempt": attempt_summary(m),
         "by_layout": layout_summary(m), "stragglers": straggler_flags(m), "goodput": goodput(att),
         "computed": bool(shape.model and shape.world_size),
+        # step time, tokens/s, TFLOP/s, MFU, HFU of the run: one definition (analysis/throughput.py)
+        "throughput": run_figures(m, _records(ev)),
         "live": live_alerts(ev),
     }
 
@@ -182,10 +186,13 @@ def _summary(run: RunInputs, res: dict) -> dict:
         "counts_by_cause": counts,
         "recovery": recovery_time.summary(intr),
         "goodput": {k: _num(v) for k, v in res["goodput"].items()},
-        "mfu": _num(m["mfu"].median()) if len(m) else None,
-        "hfu": _num(m["hfu"].median()) if len(m) else None,
-        "tflops_per_gpu": _num(m["tflops"].median()) if len(m) else None,
-        "tokens_per_s": _num(figures.tokens_per_s(m)),
+        # the run's figures, as status.py, TensorBoard and the rank's end-of-attempt line show them
+        "throughput": res["throughput"].to_dict(),
+        "step_time_s": res["throughput"].step_time_s,
+        "mfu": res["throughput"].mfu,
+        "hfu": res["throughput"].hfu,
+        "tflops_per_gpu": res["throughput"].tflops_per_gpu,
+        "tokens_per_s": res["throughput"].tokens_per_s,
         "mfu_by_attempt": [{k: (v if k in ("job", "layout") else int(v) if k in ("attempt", "steps", "first_step",
                                                                                   "last_step") and pd.notna(v)
                                 else _num(v)) for k, v in r.items()} for r in steady.to_dict("records")],
@@ -206,6 +213,14 @@ def _summary(run: RunInputs, res: dict) -> dict:
         "ended_unanswered_timeout": report_line(run.sacct, run.events, run.config, run.name),
         "spend": spend.of_run(run.config, _records(run.events), _allocations(run.sacct)),
     }
+
+
+def _median_of(xs: list) -> Optional[float]:
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
 
 
 def _allocations(sacct: Optional[pd.DataFrame]) -> list:
@@ -330,8 +345,9 @@ def main(argv: list[str] | None = None) -> int:
         "goodput": _num(sum(r["goodput"]["productive_s"] or 0 for r in runs_s)
                         / sum(r["goodput"]["allocated_s"] or 0 for r in runs_s))
         if sum(r["goodput"]["allocated_s"] or 0 for r in runs_s) > 0 else None,
-        "mfu": _num(all_it["mfu"].median()) if len(all_it) else None,
-        "hfu": _num(all_it["hfu"].median()) if len(all_it) else None,
+        # one run: its figure; several: the median of the runs' figures
+        "mfu": _median_of([r["mfu"] for r in runs_s]),
+        "hfu": _median_of([r["hfu"] for r in runs_s]),
         "mfu_missing_reason": mfu_reason or None,
         "counts_by_cause": {str(k): int(v) for k, v in causes.items()},
         "skipped_lines": {k: sum(r["skipped_lines"].get(k, 0) for r in runs_s)
@@ -345,16 +361,19 @@ def main(argv: list[str] | None = None) -> int:
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
 
     title = "Training run report: " + ", ".join(r.name for r in runs)
-    mfu_card = pct(summary["mfu"]) if summary["mfu"] is not None else "n/a"
+    mfu_card = throughput.pct_text(summary["mfu"])
+    one = len(runs) == 1
     head = [("h", 1, title),
-            ("cards", [("goodput", pct(summary["goodput"]), "productive / allocated"),
-                       ("median MFU", mfu_card, mfu_reason or "dense peak of the configured GPU"),
-                       ("median HFU", pct(summary["hfu"]) if summary["hfu"] is not None else "n/a", ""),
+            ("cards", [("goodput", throughput.pct_text(summary["goodput"]), "productive / allocated"),
+                       ("MFU", mfu_card, mfu_reason or ("dense peak of the configured GPU; " + (
+                           throughput.LABEL if one else "the median of the runs' figures"))),
+                       ("HFU", throughput.pct_text(summary["hfu"]), ""),
                        ("interruptions", str(summary["interruptions"]), counts(summary["counts_by_cause"])),
                        ("iterations logged", f"{summary['iterations']:,}",
                         f"unreadable lines skipped: {counts(summary['skipped_lines'])}")]),
             ("h", 2, "MFU per layout"),
-            ("table", lay, "median over the steady steps of every attempt (the first 2 steps of each are warm-up)"),
+            ("table", lay, f"per layout: the median step time over the steady steps of its attempts (the first "
+                           f"{throughput.WARMUP_STEPS} logged steps of each are warm-up) and the rates at it"),
             ("img", mfu_png, "MFU and HFU per layout" if not mfu_reason else f"throughput per layout ({mfu_reason})")]
     found = ([f"input skipped: {d['path']}: {d['reason']}" for d in summary["skipped_inputs"]]
              + [f"no iteration lines in {k}: found {v}" for k, v in summary["runs_without_iterations"].items()]
@@ -408,9 +427,9 @@ def run_blocks(name: str, s: dict, res: dict, args: argparse.Namespace, mfu_reas
     """The section of one run: key numbers, interruptions, throughput per attempt, figures."""
     strag = [f"job {r['job']} attempt {_rank(r['attempt'])} rank {_rank(r['rank'])} ({num(r['ratio'])}x)"
              for r in s["stragglers"]]
-    mfu = f"median MFU {pct(s['mfu'])}, HFU {pct(s['hfu'])}" if s["mfu"] is not None else f"MFU n/a ({mfu_reason})"
-    tflops = f"{num(s['tflops_per_gpu'])} TFLOP/s/GPU" if s["tflops_per_gpu"] is not None else ""
-    tokens = f"{num(s['tokens_per_s'])} tokens/s" if s["tokens_per_s"] is not None else ""
+    fig = throughput.RunFigures(**s["throughput"])
+    mfu = (f"MFU {throughput.pct_text(s['mfu'])}, HFU {throughput.pct_text(s['hfu'])}" if s["mfu"] is not None
+           else f"MFU n/a ({mfu_reason})")
     return [
         ("h", 2, f"Run {name}"),
         ("ul", ([f"ended: {s['ended_unanswered_timeout']}"] if s.get("ended_unanswered_timeout") else []) + [
@@ -420,7 +439,10 @@ def run_blocks(name: str, s: dict, res: dict, args: argparse.Namespace, mfu_reas
                   if s.get("recovery") else []),
                 *([f"node hardware faults the ranks named, each node excluded: {counts(s['hardware_faults'])}"]
                   if s.get("hardware_faults") else []),
-                f"goodput {pct(s['goodput']['goodput'])}; {mfu}" + "".join(f"; {x}" for x in (tflops, tokens) if x),
+                f"goodput {throughput.pct_text(s['goodput']['goodput'])}",
+                f"throughput: step time {throughput.step_time_text(fig.step_time_s)}, "
+                f"{throughput.tokens_text(fig.tokens_per_s)}, {throughput.tflops_text(fig.tflops_per_gpu)}, {mfu} "
+                f"({throughput.LABEL}; {fig.steps} step(s), from the {fig.source or 'log lines'})",
                 f"spend: {s['spend']['line']}",
                 f"steps with a throughput regression (rolling {args.window} steps vs the baseline, "
                 f"+{args.threshold:.0%} slower): {s['regressed_steps']}",
@@ -434,7 +456,7 @@ def run_blocks(name: str, s: dict, res: dict, args: argparse.Namespace, mfu_reas
     ] + ([("h", 3, "Validation loss"), ("table", s_validation(s), "lm loss on the validation split")]
          if s.get("validation") else []) + [
         ("h", 3, "Throughput per attempt"),
-        ("table", res["by_attempt"], "median over each attempt's steady steps"),
+        ("table", res["by_attempt"], "per attempt: the median step time over its steady steps and the rates at it"),
     ] + [("img", path, caption) for path, caption in figures]
 
 

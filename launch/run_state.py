@@ -65,7 +65,9 @@ class RunState:
     attempts: int = 0
     step: Optional[int] = None
     target: Optional[int] = None
-    step_time_s: Optional[float] = None  # median of the last steps
+    step_time_s: Optional[float] = None  # median of the last 10 logged steps: the ETA's step time
+    throughput: Optional[dict] = None  # the run's figures (analysis/throughput.py): the report's and the ranks'
+
     eta_s: Optional[float] = None  # training time left at that step time
     slices_left: Optional[int] = None  # Slurm slices of run.time_limit_min that time needs
     checkpoint_step: Optional[int] = None
@@ -273,7 +275,8 @@ def _analysis(state: RunState, run_dir: Path, sacct_text: Optional[str], window:
         secs = (recent["elapsed_ms"] / 1000.0).median()
         state.step_time_s = float(secs) if secs == secs else state.step_time_s
 
-        state.tokens_per_s = figures.tokens_per_s(res["metrics"])  # the report's figure: steady steps, whole run
+        state.throughput = res["throughput"].to_dict()  # the report's figures: steady steps, whole run
+        state.tokens_per_s = res["throughput"].tokens_per_s
         for attr, col in (("mfu_now", "mfu"), ("loss", "lm_loss")):
             value = recent[col].median() if col != "lm_loss" else recent[col].iloc[-1]
             if value == value:  # not NaN

@@ -23,14 +23,15 @@ if __package__ in (None, ""):  # python launch/status.py: make the repository im
     sys.path[:] = [str(Path(__file__).resolve().parent.parent)] + [
         p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
 
+from analysis import throughput  # noqa: E402
 from analysis.spend import fmt  # noqa: E402
-from launch.cli import override_error_line
-from launch.compose import compose_job  # noqa: E402
 from launch.cost import cost_text, unit  # noqa: E402
 from launch.paths import (  # noqa: E402
     RunDirError, RunPaths, given_run_dir, resolved, run_dir_for, run_name_issue, run_root_problem)
-from launch.run_state import RunState, UnreadableRun, gather  # noqa: E402
 from recovery.slurm import default_runner  # noqa: E402
+
+# Hydra (the overrides) and launch.run_state (pandas, matplotlib: the log analysis) are imported where a run is
+# named by overrides or found: "no such run" answers without them.
 
 EXIT_NO_RUN = 2
 EXIT_UNREADABLE = 3  # the run's own files (config.yaml, the sweep registry) cannot be read
@@ -72,7 +73,7 @@ def _pct(v: Optional[float]) -> str:
     return "?" if v is None else f"{100 * v:.1f}%"
 
 
-def format_state(st: RunState) -> str:
+def format_state(st: "RunState") -> str:
     """The human view of one run."""
     lines = [f"run        {st.run}  ({st.run_dir})",
              f"layout     {st.layout or '?'} on {st.world_size} {'processes' if st.gpu == 'cpu' else st.gpu}"
@@ -85,10 +86,10 @@ def format_state(st: RunState) -> str:
         prog = f"step {st.step if st.step is not None else 0:,} / {st.target:,}" if st.target else f"step {st.step}"
         if st.target and st.step is not None:
             prog += f" ({100 * st.step / st.target:.1f}%)"
-        if st.step_time_s:
-            prog += f"; {st.step_time_s:.3g} s/step"
         if st.eta_s is not None and not st.finished:
             prog += f"; ETA {_dur(st.eta_s)} of training"
+            if st.step_time_s:
+                prog += f" at {throughput.step_time_text(st.step_time_s)}/step (the last 10 logged steps)"
             if st.slices_left:
                 prog += f" ({st.slices_left} more slice{'s' if st.slices_left > 1 else ''})"
         if st.loss is not None:
@@ -125,12 +126,15 @@ def format_state(st: RunState) -> str:
         if st.projected_gpu_hours is not None:
             b += f"; projected {fmt(st.projected_gpu_hours)} {u} at the target"
         lines.append(f"budget     {b}")
+    fig = throughput.RunFigures(**st.throughput) if st.throughput else None
+    if fig is not None and fig.step_time_s is not None:
+        lines.append(f"throughput {throughput.line(fig)} ({throughput.LABEL}; {fig.steps} step(s))")
     if st.mfu_now is not None or st.mfu_estimate is not None:
-        tok = f"; {st.tokens_per_s:,.0f} tokens/s" if st.tokens_per_s else ""
-        lines.append(f"MFU        {_pct(st.mfu_now)} now vs {_pct(st.mfu_estimate)} estimated{tok}")
+        run_mfu = throughput.pct_text(fig.mfu if fig is not None else None)
+        lines.append(f"MFU        {run_mfu} (the run) vs {_pct(st.mfu_estimate)} estimated; "
+                     f"{_pct(st.mfu_now)} over the last 10 logged steps")
     elif st.mfu_note:
-        tok = f" ({st.tokens_per_s:,.0f} tokens/s)" if st.tokens_per_s else ""
-        lines.append(f"MFU        {st.mfu_note}{tok}")
+        lines.append(f"MFU        {st.mfu_note}")
     if st.log_file:
         lines.append(f"log        {st.log_file}")
         lines.extend(f"  | {ln}" for ln in st.log_tail)
@@ -157,8 +161,10 @@ def format_sweep(rows: list[dict]) -> str:
     return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip() for row in table)
 
 
-def sweep_rows(registry: Path, *, gather_run: Callable[[Path], RunState]) -> list[dict]:
+def sweep_rows(registry: Path, *, gather_run: Callable[[Path], "RunState"]) -> list[dict]:
     """One row per member of the sweep registry; raises :class:`UnreadableRun` for a registry that is not text."""
+    from launch.run_state import UnreadableRun
+
     try:
         text = registry.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -209,6 +215,9 @@ def resolve(args: list[str]) -> tuple[str, Path]:
         if issue:  # the same rule as a run name: a sweep id names one file under <run_root>/sweeps/
             raise RunDirError(f"sweep id: {issue[0].replace('run.name', 'the name', 1)}; fix: give the id "
                               "launch/pretrain.py -m printed, or a run directory")
+
+    from launch.cli import override_error_line
+    from launch.compose import compose_job
 
     try:
         job = compose_job(overrides)
@@ -268,6 +277,7 @@ def main(argv: Optional[list[str]] = None, *, runner: Callable[..., Any] = defau
     except ValueError as exc:
         print(f"status: {exc}", file=err)
         return EXIT_NO_RUN
+    from launch.run_state import RunState, UnreadableRun, gather  # something to read: the analysis loads now
 
     def one(run_dir: Path) -> RunState:
         return gather(run_dir, runner=runner, clock=clock, log_lines=opts["lines"])

@@ -17,17 +17,25 @@ BASE = [f"training.train_iters={ITERS}", "training.checkpoint_interval=4", "trai
         "training.async_save=false"]  # the step-4 checkpoint is durable before the crash at step 7
 
 
-def test_tensorboard_and_wandb_continue_across_a_restart(tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def restarted(tmp_path_factory):
+    """One run that crashes at step 7 and is restarted from its step-4 checkpoint (shared by this module's tests:
+    tests/test_throughput_views.py reads the same run)."""
     pytest.importorskip("tensorboard")
     pytest.importorskip("wandb")
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    run = tmp_path / "run"
+    run = tmp_path_factory.mktemp("restarted") / "run"
     env = {"WANDB_SILENT": "true", "WANDB_MODE": "offline"}
     first = train(run, BASE, world=1, attempt=0, timeout=300, extra_env={**env, "SLURMTRON_TEST_FAIL_AT_ITER": "7"})
+    second = train(run, BASE, world=1, attempt=1, timeout=300, extra_env=env)
+    return run, first, second
+
+
+def test_tensorboard_and_wandb_continue_across_a_restart(restarted):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run, first, second = restarted
     assert first.codes != [0]  # crashed at step 7, after the checkpoint at step 4 and the log of steps 1..6
     assert sorted(first.losses) == list(range(1, 7))
-    second = train(run, BASE, world=1, attempt=1, timeout=300, extra_env=env)
     assert second.codes == [0], second.all_logs()
 
     acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
@@ -93,3 +101,75 @@ def test_validation_loss_falls_on_the_indexed_dataset_and_reaches_the_report(tmp
     assert [v["iteration"] for v in summary["validation"]] == [4, 8, 12]
     assert abs(summary["validation"][-1]["val_loss"] - vals[12]) < 1e-5
     assert "Validation loss" in (out / "report.html").read_text()
+
+
+def test_one_figure_per_quantity_in_all_six_views(restarted, tmp_path):
+    """The run's step time, tokens/s, TFLOP/s, MFU and goodput (analysis/throughput.py: the median over every
+    attempt's steady logged steps, the rates at it) read the same in the rank's end-of-attempt line, status.py,
+    TensorBoard, summary.json, report.md and the HTML, on a run that crashed and was restarted."""
+    import statistics
+
+    from omegaconf import OmegaConf
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from analysis import throughput as tp
+    from analysis.report import main as report_main
+    from launch import status
+    from launch.run_state import gather
+
+    run, _first, second = restarted
+    assert second.codes == [0], second.all_logs()
+    # the definition, by hand: each attempt's first 2 logged steps are warm-up, the steps redone after the
+    # restart count, the median of the rest
+    attempts, times = [], []
+    for e in second.events:
+        if e["event"] == "job_start":
+            attempts.append([])
+        elif e["event"] == "iteration":
+            attempts[-1].append(e["seconds"])
+    assert [len(a) for a in attempts] == [6, 4]  # steps 1-6, then 5-8 from the step-4 checkpoint
+    step_time = statistics.median(attempts[0][2:] + attempts[1][2:])
+
+    out = tmp_path / "report"
+    assert report_main([str(run), "--out", str(out)]) == 0
+    s = json.loads((out / "summary.json").read_text())["runs"]["run"]
+    fig = tp.RunFigures(**s["throughput"])
+    assert fig.steps == 6 and fig.source == "event log"
+    assert fig.step_time_s == s["step_time_s"] == pytest.approx(step_time, rel=1e-12)
+    cfg = OmegaConf.load(run / "config.yaml")
+    tokens = cfg.training.global_batch_size * cfg.model.seq_length
+    assert fig.tokens_per_s == s["tokens_per_s"] == pytest.approx(tokens / step_time, rel=1e-12)
+    assert fig.tflops_per_gpu == s["tflops_per_gpu"] and fig.tflops_per_gpu > 0
+    assert fig.mfu is None and s["mfu"] is None  # a CPU run: no peak, no MFU anywhere
+    want = tp.line(fig)  # "step time 0.328 s, 1,562 tokens/s, 0.00265 TFLOP/s/GPU, MFU n/a"
+
+    rank_log = (run / "logs" / "local_1_rank0.out").read_text(errors="replace")
+    [rank_line] = [ln for ln in rank_log.splitlines() if ln.startswith("run throughput:")]
+    assert f"run throughput: {want} (" in rank_line
+
+    st = gather(run)
+    text = status.format_state(st)
+    assert f"throughput {want} (" in text
+    assert st.throughput == s["throughput"] and st.tokens_per_s == s["tokens_per_s"]
+    goodput = tp.pct_text(s["goodput"]["goodput"])
+    assert f"goodput    {goodput}" in text
+
+    md, html = (out / "report.md").read_text(), (out / "report.html").read_text()
+    parts = (f"step time {tp.step_time_text(fig.step_time_s)}, {tp.tokens_text(fig.tokens_per_s)}, "
+             f"{tp.tflops_text(fig.tflops_per_gpu)}, MFU n/a")
+    for page in (md, html):
+        assert f"throughput: {parts}" in page
+        assert f"goodput {goodput}" in page
+
+    acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
+    acc.Reload()
+    tb = {tag: acc.Scalars(tag)[-1] for tag in ("run/step-time-s", "run/tokens-per-sec", "run/throughput")}
+    assert {e.step for e in tb.values()} == {8}  # written as the last attempt ended
+    assert tb["run/step-time-s"].value == pytest.approx(fig.step_time_s, rel=1e-6)  # float32 in the event file
+    assert tb["run/tokens-per-sec"].value == pytest.approx(fig.tokens_per_s, rel=1e-6)
+    assert tb["run/throughput"].value == pytest.approx(fig.tflops_per_gpu, rel=1e-6)
+    assert "run/mfu" not in acc.Tags()["scalars"]
+    texts = [bytes(t.tensor_proto.string_val[0]).decode() for t in acc.Tensors("events/text_summary")]
+    assert any(f"run throughput: {want} (" in t for t in texts), texts
+    # the per-step scalar is another figure, one point per step
+    assert [e.step for e in acc.Scalars("iteration-time")] == list(range(1, ITERS + 1))

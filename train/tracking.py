@@ -49,6 +49,10 @@ NAMES = {  # our key -> the TensorBoard tag
     "val_loss": "lm loss validation", "val_ppl": "lm loss validation ppl",
     "ckpt_blocked_s": "checkpoint/training-blocked-s", "ckpt_durable_s": "checkpoint/durable-s",
     "ckpt_step_dip": "checkpoint/step-time-dip",
+    # the run's figures at the end of each attempt (analysis/throughput.py: the median step time over every
+    # attempt's steady logged steps, the rates at it), the same as status.py and the report: "run/", not per step
+    "run_step_time": "run/step-time-s", "run_tokens_per_s": "run/tokens-per-sec", "run_throughput": "run/throughput",
+    "run_mfu": "run/mfu",
 }
 
 

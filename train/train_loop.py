@@ -32,6 +32,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 
 from analysis import flops as aflops
+from analysis import throughput
 from analysis.spend import stop_text
 from launch.config import Job, ParallelismConfig, TrainingConfig
 from launch.kinds import EventKind
@@ -398,6 +399,31 @@ class Meter:
                 "tokens_per_s": tokens / elapsed if elapsed > 0 else None, **memory.scalars(mem, self.plan_bytes)})
 
 
+    def run_summary(self, step: int) -> None:
+        """End of the attempt, rank 0 (the event log's writer): the run's figures over every attempt's logged
+        steps so far (:mod:`analysis.throughput`, what ``status.py`` and the report show), one log line, and on
+        TensorBoard under ``run/`` when this rank also writes it."""
+        ctx, job = self.ctx, self.ctx.job
+        if not ctx.is_first:
+            return
+        from recovery.events import read_events
+
+        gbs = job.training.global_batch_size
+        fig = throughput.of_events(
+            read_events(ctx.paths.events), tokens_per_step=gbs * job.model.seq_length,
+            tflop_per_gpu_step=throughput.tflop_per_gpu_step(job.model, gbs, ctx.world, job.parallelism.tp),
+            peak=throughput.peak_or_none(job.cluster.gpu, job.training.precision))
+        if fig.step_time_s is None:
+            return
+        text = (f"run throughput: {throughput.line(fig)} ({throughput.LABEL}; {fig.steps} step(s), from the "
+                f"{fig.source})")
+        print(text, flush=True)
+        if getattr(ctx, "tracker", None) is not None:
+            ctx.tracker.scalars(step, {"run_step_time": fig.step_time_s, "run_tokens_per_s": fig.tokens_per_s,
+                                       "run_throughput": fig.tflops_per_gpu, "run_mfu": fig.mfu})
+            ctx.tracker.text(step, text)
+
+
 def loss_scale(optimizer: Any) -> float:
     """The optimizer's current loss scale (1.0 without fp16's dynamic scaler)."""
     return float(getattr(optimizer, "get_loss_scale", lambda: torch.tensor(1.0))().item())
@@ -454,6 +480,7 @@ def run_loop(ctx: RankContext, parts: TrainingParts, ckpt: Checkpointer, source:
 
     def result(reason: str, signum: int = 0, detail: str = "", requested: bool = False) -> LoopResult:
         med = float(np.median(step_times)) if step_times else 0.0
+        meter.run_summary(state.step)
         return LoopResult(state, reason, signum, requested, detail, live_s, med, len(step_times))
 
     while state.step < iters:

@@ -548,7 +548,7 @@ def _live_summary(ctx: RankContext, result: Any, live: Any) -> None:
     overhead = live_s / max(1, result.steps_run) / result.median_step_s if result.median_step_s else 0.0
     repeated = live.summary()
     ctx.log(f"live checks: {live_s * 1000:.1f} ms on rank {ctx.rank} over {result.steps_run} step(s) (watchdog "
-            f"heartbeats, straggler all-gathers), {overhead * 100:.2f}% of the median step "
+            f"heartbeats, straggler all-gathers), {overhead * 100:.2f}% of this attempt's median step "
             f"{result.median_step_s * 1000:.1f} ms" + ("; repeated stragglers: " + ", ".join(
                 f"rank {x['rank']} on {x['host']} ({x['intervals']} intervals)" for x in repeated) if repeated else ""))
     ctx.emit(EventKind.LIVE_CHECKS, seconds=live_s, steps=result.steps_run, median_step_s=result.median_step_s,
