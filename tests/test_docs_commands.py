@@ -14,11 +14,12 @@ The extraction rules, which the docs follow (docs/README.md says them too):
 
 The runnable commands of one page run in order (a later one may read what an earlier one wrote, as for a user who
 follows the page), each with ``bash -c``, in a fresh copy of the repository: the files a clone holds (git's tracked
-files and new ones it does not ignore), nothing planted, with ``PYTHONPATH`` at that copy. What the commands read is
-in the repository: ``tests/fixtures/slurm_run`` (a real run recorded on the local Slurm cluster, complete) and the
-data files of ``examples/`` (two small JSONL corpora and a BPE ``tokenizer.json``; ``tests/datafiles.py`` writes them,
-and a test below checks they are still what it writes). The copy holds no ``runs/``: the test does not train, so a
-command that reads the quickstart's ``runs/tiny`` carries the marker. No command may change a file of the clone.
+files as they are in the working tree, and new files git does not ignore), nothing planted, with ``PYTHONPATH`` at
+that copy. What the commands read is in the repository: ``tests/fixtures/slurm_run`` (a real run recorded on the
+local Slurm cluster, complete) and the data files of ``examples/`` (two small JSONL corpora and a BPE
+``tokenizer.json``; ``tests/datafiles.py`` writes them, and a test below checks they are still what it writes). The
+copy holds no ``runs/``: the test does not train, so a command that reads the quickstart's ``runs/tiny`` carries the
+marker. No command may change a tracked file of the copy.
 """
 from __future__ import annotations
 
@@ -145,12 +146,13 @@ def all_commands() -> List[Command]:
     return [c for path in DOCS for c in extract(path.read_text(encoding="utf-8"), str(path.relative_to(REPO)))]
 
 
-def clone_files() -> List[str]:
-    """The repository's files as a clone of it (with the changes not committed yet) holds them: git's tracked files
-    that exist and the new files git does not ignore; without git, every file but ``SKIP_COPY``'s."""
+def clone_files(new: bool = True) -> List[str]:
+    """The files a clone of the repository holds, with the changes not committed yet: git's tracked files and, with
+    ``new``, the new files git does not ignore (a module not added yet); without git, every file but ``SKIP_COPY``'s."""
     try:
-        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
-                                capture_output=True, check=True).stdout.decode().split("\0")
+        others = ["--others", "--exclude-standard"] if new else []
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", *others], cwd=REPO, capture_output=True,
+                                check=True).stdout.decode().split("\0")
     except (OSError, subprocess.CalledProcessError):
         return [str(p.relative_to(REPO)) for p in REPO.rglob("*")
                 if not p.is_dir() and not SKIP_COPY.intersection(p.relative_to(REPO).parts) and p.suffix != ".pyc"]
@@ -167,9 +169,9 @@ def prepare(root: Path) -> Path:
 
 
 def snapshot(root: Path) -> dict:
-    """Size and modification time of every file under ``root``."""
-    return {str(p.relative_to(root)): (p.lstat().st_size, p.lstat().st_mtime_ns)
-            for p in root.rglob("*") if not p.is_dir()}
+    """Size and modification time of every file of the repository (tracked by git) in the copy at ``root``."""
+    return {name: ((root / name).lstat().st_size, (root / name).lstat().st_mtime_ns) if os.path.lexists(root / name)
+            else None for name in clone_files(new=False)}
 
 
 def run(command: Command, root: Path) -> List[str]:
@@ -225,8 +227,8 @@ def test_documented_commands_do_what_the_docs_say(page: List[Command], tmp_path:
         problems = run(command, root)
         assert not problems, f"{command.id}: {command.text}\n" + "\n".join(problems)
     after = snapshot(root)
-    changed = sorted(name for name, stat in before.items() if after.get(name) != stat)
-    assert not changed, f"{page[0].doc}: its commands changed or removed files of the clone: {changed}"
+    changed = sorted(name for name, stat in before.items() if after[name] != stat)
+    assert not changed, f"{page[0].doc}: its commands changed or removed files of the repository: {changed}"
 
 
 def test_the_example_files_are_what_datafiles_writes(tmp_path: Path) -> None:
