@@ -56,16 +56,17 @@ def quarantine(
 
 
 def list_quarantine(root: Path, *, storage: Optional[LocalStorage] = None) -> list[tuple[str, str]]:
-    """[(quarantined directory name, reason)] of ``root``'s quarantine, oldest name first."""
+    """[(quarantined name, reason)] of ``root``'s quarantine (checkpoint directories, and files found where a
+    checkpoint directory belonged), oldest name first."""
     st = storage or LocalStorage()
     qdir = quarantine_dir(root)
     out = []
     for name in st.list_dir(qdir):
-        if name.endswith(REASON_SUFFIX) or not st.is_dir(qdir / name):
+        if name.endswith(REASON_SUFFIX):
             continue
         try:
             reason = json.loads(st.read_text(qdir / (name + REASON_SUFFIX))).get("reason", "?")
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):
             reason = "(no reason file)"
         out.append((name, str(reason)))
     return out

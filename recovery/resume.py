@@ -235,11 +235,14 @@ def plan_resume(
             return ResumePlan("start", "start", "no checkpoint directory yet")
         not_dirs: list = []
         found = candidates_of(root, storage=st, not_dirs=not_dirs)
-        for name in not_dirs:
+        for name in not_dirs:  # moved aside (never deleted): a save of that step would otherwise replace it
+            dest = quarantine(root, root / name, "not a directory (a checkpoint replaced by a file?)", storage=st,
+                              clock=clock) if apply else None
             notices.append({"event": EventKind.RESUME_FALLBACK, "skipped": str(root / name),
-                            "reason": "not_a_directory",
+                            "reason": "not_a_directory", "to": str(dest) if dest else None,
                             "message": f"skipping {root / name}: it is not a directory (a checkpoint replaced by a "
-                                       f"file?); left as it is"})
+                                       f"file?); " + (f"moved to {dest}, so that no save replaces it" if apply else
+                                                      "the restart would move it to quarantine/")})
         if restart_from_scratch:
             for step, suffix, name in found:
                 dest = quarantine(root, root / name, "training.restart_from_scratch=true", storage=st,

@@ -273,14 +273,19 @@ def test_latest_outside_the_run_and_a_checkpoint_replaced_by_a_file_are_warned(r
     real_checkpoint(root, 2)
     (root / "latest").write_text("../../other/run/checkpoints/iter_0000009\n")
     (root / "iter_0000006").write_text("not a directory\n")
+    assert resume_main([str(root)]) == 0  # the inspector says it and moves nothing
+    out = capsys.readouterr().out
+    assert "not a checkpoint of this directory" in out and "it is not a directory" in out
+    assert "latest -> (none)" not in out and "would move it to quarantine/" in out
+    assert (root / "iter_0000006").is_file()
     plan = plan_resume(root)
     reasons = {n["reason"] for n in plan.notices}
     assert {"latest_invalid", "not_a_directory"} <= reasons and plan.step == 2
-    assert (root / "iter_0000006").is_file()  # left as it is
-    assert resume_main([str(root)]) == 0
-    out = capsys.readouterr().out
-    assert "not a checkpoint of this directory" in out and "it is not a directory" in out
-    assert "latest -> (none)" not in out
+    # moved aside with its content, never destroyed: a save of step 6 can no longer replace it
+    assert not (root / "iter_0000006").exists()
+    ((name, why),) = list_quarantine(root)
+    assert name.startswith("iter_0000006.") and "not a directory" in why
+    assert (root / "quarantine" / name).read_text() == "not a directory\n"
 
 
 @pytest.mark.training
