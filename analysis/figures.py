@@ -5,8 +5,9 @@ everywhere.
 * :func:`layout_of`: the layout label of an attempt, from its ``job_start`` event: the worker writes the job's own
   label there (``layout_label``, e.g. ``tp2-pp1-nodo-dp2``); event logs written before it carry only the sizes,
   labelled by :func:`analysis.mfu.layout_label`.
-* :func:`attempt_count`: one attempt per ``job_start`` event (rank 0 writes one per attempt). Separate local
-  launches each start again at restart count 0 without a job id, so (job, restart count) would merge them.
+* :func:`attempt_count`: the run's attempts as :func:`launch.attempts.attempt_keys` defines them (the one
+  definition the launcher and ``status`` use too): every ``(job, attempt)`` its events know, an attempt that
+  failed before its first step included.
 * :func:`tokens_per_s`: the median over the run's steady steps (each attempt's first
   :data:`WARMUP_STEPS` logged steps are warm-up), the basis of the per-attempt table too.
 
@@ -19,6 +20,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from analysis.mfu import _steady, layout_label
 from launch.kinds import EventKind
+from launch import attempts
 
 WARMUP_STEPS = 2  # analysis.mfu.attempt_summary's default: the per-attempt table uses the same steps
 
@@ -42,9 +44,9 @@ def _rank0(rank: Any) -> bool:
         return False
 
 
-def attempt_count(events: Iterable[Mapping[str, Any]]) -> int:
-    """Attempts of the run: its ``job_start`` events (one per attempt, written by rank 0)."""
-    return len(_starts(events))
+def attempt_count(events: Iterable[Mapping[str, Any]], log_names: Iterable[str] = ()) -> int:
+    """Attempts of the run (:func:`launch.attempts.attempt_count`)."""
+    return attempts.attempt_count(events, log_names)
 
 
 def run_layout(events: Iterable[Mapping[str, Any]], default: Optional[str] = None) -> Optional[str]:

@@ -34,13 +34,13 @@ __all__ = ["ATTEMPT_COLUMNS", "EVENTS_READ", "INTERRUPTION_COLUMNS", "assign_att
 # The event kinds the attempt table reads: a long run's event log is mostly `iteration` rows, left out at once.
 EVENTS_READ = (EventKind.STOP, EventKind.SIGNAL, EventKind.HANG, EventKind.EXIT, EventKind.TRAIN_END,
                EventKind.REQUEUE, EventKind.CHECKPOINT_SAVED, EventKind.RESUME, EventKind.EXCLUDE,
-               EventKind.JOB_START, EventKind.IN_JOB_RESTART, EventKind.RESUMED_FROM)
+               EventKind.JOB_START, EventKind.IN_JOB_RESTART, EventKind.RESUMED_FROM, EventKind.STARTUP_FAILED)
 # recovery/injob.py's cause of a relaunched step: a lost node is what Slurm said of the node (the ranks' broken
 # collective is its consequence); a hang or a crash is evidence like the ranks' own
 _IN_JOB_CAUSE = {"lost_node": Cause.NODE_FAILURE, "hang": Cause.HANG, "crash": Cause.CRASH}
 _DECIDED = tuple(c.value for c in Cause.decided_ones())  # a stop event naming one: the ranks decided the cause
 _STOPPED_BY_RANKS = (Cause.CRASH.value, Cause.HANG.value, Cause.NAN.value, Cause.OOM.value,
-                     Cause.REPLAY_MISMATCH.value, Cause.BUDGET.value)  # a stop event naming one
+                     Cause.REPLAY_MISMATCH.value, Cause.BUDGET.value, Cause.ZERO_PROGRESS.value)  # a stop event naming one
 _HARDWARE_BY_REASON = {f.reason: f for f in HARDWARE_FAULTS}
 _US = "datetime64[us]"  # one resolution: pandas refuses to merge_asof seconds with microseconds
 ATTEMPT_COLUMNS = [
@@ -191,7 +191,12 @@ def build_attempts(
     if not ev.empty:
         keys = [job_key(j) for j in ev["job_id"]]
         ev["job"] = [k[0] if j is not None else "local" for k, j in zip(keys, ev["job_id"])]
-        ev["attempt"] = pd.to_numeric(ev["restart_count"], errors="coerce").fillna(
+        # the attempt's number in the run where the event has one (local launches: launch/attempts.py)
+        numbered = pd.to_numeric(ev["attempt"], errors="coerce") if "attempt" in ev else None
+        ev["attempt"] = pd.to_numeric(ev["restart_count"], errors="coerce")
+        if numbered is not None:
+            ev["attempt"] = numbered.fillna(ev["attempt"])
+        ev["attempt"] = ev["attempt"].fillna(
             pd.Series([k[1] for k in keys], index=ev.index, dtype="float64")).fillna(0).astype("Int64")
         g = ev.groupby(["job", "attempt"])
         ev_win = pd.DataFrame({"ev_start": g["ts"].min(), "ev_end": g["ts"].max()}).reset_index()
@@ -327,6 +332,9 @@ def build_attempts(
                 add(r.job, r.attempt, Cause(r.reason), f"event stop {r.reason}" + (f": {why[:400]}" if why else ""))
             elif r.event == EventKind.HANG:
                 add(r.job, r.attempt, Cause.HANG, "event hang")
+            elif r.event == EventKind.STARTUP_FAILED:  # before the first step: an import, the process group join
+                add(r.job, r.attempt, Cause.CRASH, f"event startup_failed on {getattr(r, 'host', '?')}: "
+                                                   f"{str(getattr(r, 'error', '') or '')[:200]}")
             elif r.event == EventKind.IN_JOB_RESTART and getattr(r, "cause", None) in _IN_JOB_CAUSE:
                 add(r.job, r.attempt, _IN_JOB_CAUSE[r.cause], f"event in_job_restart {r.cause}")
             elif r.event == EventKind.EXIT and str(getattr(r, "reason", "")) == "error":

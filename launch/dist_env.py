@@ -136,6 +136,13 @@ def simulated_node(rank: int, per_node: int) -> str:
     return f"node{rank // max(1, per_node)}"
 
 
+def rank_of(env: Mapping[str, str]) -> int:
+    """This rank's number without resolving any host (torchrun's ``RANK``, Slurm's ``SLURM_PROCID``, else 0); raises
+    ValueError for a value that is not a number."""
+    raw = env.get("RANK") if "RANK" in env else env.get("SLURM_PROCID")
+    return int(raw or 0)
+
+
 def node_name(env: Mapping[str, str], hostname: Callable[[], str] = socket.gethostname) -> str:
     """This rank's node: the simulated node of ``cluster=local`` (``SLURMTRON_NODE``), Slurm's ``SLURMD_NODENAME``,
     else the host name. The local checkpoint tier keys its directories and its ring by it."""

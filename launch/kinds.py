@@ -53,7 +53,11 @@ class Cause(StrEnum):
               "the run's spend reached run.budget_gpu_hours: checkpoint saved, stopped (exit 17)")
     NCCL_TIMEOUT = ("nccl_timeout", "tab:orange", False, False, "a collective timed out (NCCL watchdog)")
     HANG = ("hang", "tab:olive", False, False, "the hang watchdog ended a stuck attempt (a hang event)")
-    CRASH = ("crash", "tab:red", False, False, "an exception in a rank (stop crash, exit error)")
+    ZERO_PROGRESS = ("zero_progress", "firebrick", False, True,
+                     "the zero-progress guard refused to start: training.zero_progress_restarts consecutive attempts "
+                     "made no new checkpoint or failed to start (exit 3)")
+    CRASH = ("crash", "tab:red", False, False,
+             "an exception in a rank (stop crash, exit error), also one before the first step (startup_failed)")
     PREEMPTION = ("preemption", "tab:purple", True, False,
                   "a preemption (PreemptTime, sacct PREEMPTED, SIGTERM then requeued)")
     TIME_LIMIT = ("time_limit", "tab:blue", True, False,
@@ -178,6 +182,8 @@ class EventKind(StrEnum):
     MEMORY_FRAGMENTATION = ("memory_fragmentation", "rank, symptom (gap|alloc_retries), detail, step, first_step, "
                                                     "window, mem_* -- the reserved-allocated gap or the allocator's "
                                                     "retries grew over training.memory_window (train/memory.py)")
+    STARTUP_FAILED = ("startup_failed", "attempt, host, error (its first line), phase, record -- a rank failed before "
+                      "the start decision (imports, version checks, the process group join); written by that rank")
     STOP = ("stop", "reason, code, detail -- an attempt refused or ended: zero_progress|max_restarts|crash|hang|"
                     "checkpoint_mismatch|unsupported_software|...; or, after a stop checkpoint (recovery/stop.py), "
                     "who stopped it (a decided cause, undecided, local_signal, requeue_signal), with requeue (bool), "

@@ -2,9 +2,13 @@
 
 :func:`run` starts ``cluster.gpus_per_node`` processes of ``python -m train.worker RUN_DIR``
 with torchrun-style variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``MASTER_ADDR=127.0.0.1``, a free ``MASTER_PORT``) and ``SLURMTRON_RESTART_COUNT=<attempt>``.
-Each rank's output goes to ``RUN_DIR/logs/local_<attempt>_rank<r>.out``; the last rank's
-(which prints Megatron's iteration lines) is echoed live to the terminal.
+``MASTER_ADDR=127.0.0.1``, a free ``MASTER_PORT``), ``SLURMTRON_RESTART_COUNT=<restart>`` (0 for the first
+attempt of this launch: a fresh launch starts a new chain for the requeue policy, like a new sbatch) and
+``SLURMTRON_ATTEMPT=<attempt>``, the attempt's number in the run: a launch of a run that already ran starts
+one past its last recorded attempt (:func:`launch.attempts.next_attempt`). Each rank's output goes to
+``RUN_DIR/logs/local_<attempt>_rank<r>.out``, a new file per attempt (no attempt's log is ever appended to,
+overwritten or truncated by a later one); the last rank's (which prints Megatron's iteration lines) is echoed
+live to the terminal.
 
 It applies the same policy as a Slurm job with ``--requeue``:
 
@@ -45,8 +49,10 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence, TextIO
 from launch.dist_env import LOCAL_NODE_ENV, free_port, simulated_node
 from launch.kinds import EventKind
 from launch.paths import RunPaths
+from launch import attempts
 from recovery import lock
-from recovery.events import EventLog
+from recovery.startup_failures import startup_failures
+from recovery.events import EventLog, read_events
 from recovery.exit_codes import EXIT_COMPLETED, EXIT_REQUEUE, EXIT_RUN_LOCKED, FINAL_CODES, FINAL_REASONS, REFUSAL_CODES
 from recovery.lock import HANDOVER_ENV, RunLocked
 
@@ -56,7 +62,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def rank_env(base: Mapping[str, str], rank: int, world: int, port: int, attempt: int, repo_root: str,
-             per_node: Optional[int] = None) -> dict:
+             per_node: Optional[int] = None, number: Optional[int] = None) -> dict:
     """The environment of one local rank: torchrun-style variables, every inherited SLURM_* removed.
 
     ``per_node`` (``cluster.gpus_per_node`` when ``cluster.nodes`` > 1): the ranks are grouped into simulated
@@ -65,6 +71,9 @@ def rank_env(base: Mapping[str, str], rank: int, world: int, port: int, attempt:
 
     ``OMP_NUM_THREADS`` defaults to 1: the thread count changes the order of float reductions,
     and a bitwise comparison of two attempts needs the same order in both.
+
+    ``attempt`` is the restart count within the chain (``SLURMTRON_RESTART_COUNT``); ``number``, when given, the
+    attempt's number in the run (``SLURMTRON_ATTEMPT``, :mod:`launch.attempts`).
     """
     env = {k: v for k, v in base.items() if not k.startswith("SLURM_")}  # not a Slurm task
     env.update(
@@ -76,6 +85,8 @@ def rank_env(base: Mapping[str, str], rank: int, world: int, port: int, attempt:
     )
     if per_node and per_node < world:
         env[LOCAL_NODE_ENV] = simulated_node(rank, per_node)
+    if number is not None:
+        env[attempts.ATTEMPT_ENV] = str(number)
     return env
 
 
@@ -110,6 +121,7 @@ class Ranks:
     sleep: Callable[[float], None] = time.sleep
     poll_s: float = 0.2
     per_node: Optional[int] = None  # ranks per simulated node (cluster=local with cluster.nodes > 1)
+    number: Optional[int] = None  # SLURMTRON_ATTEMPT: the attempt's number in the run (launch/attempts.py)
     procs: List[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -127,7 +139,8 @@ class Ranks:
             self._files.append(out)
             tee = r == self.world - 1 and self.echo is not None
             p = self.popen(
-                [self.python, *self.argv], env=rank_env(self.env, r, self.world, port, self.attempt, repo_root, self.per_node),
+                [self.python, *self.argv], env=rank_env(self.env, r, self.world, port, self.attempt, repo_root, self.per_node,
+                                                  self.number),
                 cwd=repo_root, stdout=subprocess.PIPE if tee else out, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
@@ -207,7 +220,7 @@ def _killpg(proc: Any, signum: int) -> bool:
 class Attempt:
     """The outcome of one launch of all ranks."""
 
-    attempt: int
+    attempt: int  # its number in the run (the rank logs' name)
     codes: List[Optional[int]]
     interrupted: bool = False
 
@@ -255,13 +268,15 @@ class LocalLauncher:
         if self.ranks:
             self.ranks.send(signum, group=False)
 
-    def launch(self, attempt: int) -> Attempt:
+    def launch(self, attempt: int, restart: Optional[int] = None) -> Attempt:
+        """Attempt number ``attempt`` of the run, restart ``restart`` of this launch's chain (default: ``attempt``)."""
         paths = RunPaths.of(self.run_dir)
         self.ranks = Ranks(
             argv=["-m", WORKER_MODULE, str(self.run_dir)], world=self.world,
-            log_path=lambda r: paths.rank_log(attempt, r), env=self.env, attempt=attempt, python=self.python,
+            log_path=lambda r: paths.rank_log(attempt, r), env=self.env,
+            attempt=attempt if restart is None else restart, python=self.python,
             echo=self.echo, popen=self.popen, clock=self.clock, sleep=lambda dt: self.sleep(dt), poll_s=self.poll_s,
-            per_node=self.per_node,
+            per_node=self.per_node, number=attempt,
         ).start()
         done = self.ranks.wait(grace_s=5.0)
         return Attempt(attempt, done.codes, self.interrupted)
@@ -391,27 +406,30 @@ def _chain(job: Any, run_dir: Path, *, popen: Callable[..., Any], env: dict, ech
             previous[s] = signal.signal(s, lambda signum, _f: launcher.forward(signum))
     say = lambda text: _note(echo, f"launcher: {text}\n")  # noqa: E731 - one progress line per phase
     started = launcher.clock()
+    paths = RunPaths.of(run_dir)
+    first = attempts.next_attempt(run_dir, read_events(paths.events), startup_failures(run_dir))  # never a name an earlier attempt used
     try:
         limit = max_attempts if max_attempts is not None else job.training.max_restarts + 2
-        attempt = 0  # a fresh launch starts a new chain (restart count 0), like a new sbatch
+        restart = 0  # a fresh launch starts a new chain (restart count 0), like a new sbatch
         code = 1
-        for n in range(limit):
-            say(f"attempt {attempt}: starting {job.world_size} rank(s) of run {job.run.name} on this machine; "
-                f"rank logs {RunPaths.of(run_dir).logs}/local_{attempt}_rank*.out, the last rank's output follows")
-            result = launcher.launch(attempt)
+        say(f"attempt {first}: starting {job.world_size} rank(s) of run {job.run.name} on this machine; "
+            f"rank logs {paths.logs}/local_{first}_rank*.out, the last rank's output follows")
+        while True:  # one line per attempt: how the previous one ended and the next one's logs
+            result = launcher.launch(first + restart, restart)
             code = result.code
             if result.interrupted and code == EXIT_REQUEUE:  # Ctrl-C: checkpointed; say how to continue
                 print(f"stopped: a checkpoint was saved (exit {code}); run the same command again to continue "
                       f"run {job.run.name} from it", file=launcher.echo)
-            if code in TERMINAL or result.interrupted:
+            if code in TERMINAL or result.interrupted or restart + 1 >= limit:
                 break
-            if n + 1 < limit:
-                say(f"attempt {attempt} ended with exit {code} ({ended_how(result)}); relaunching as attempt "
-                    f"{attempt + 1}, as Slurm's --requeue would")
-            attempt += 1
-        say(f"run {job.run.name} {final_words(code)} after {launcher.clock() - started:.0f} s and {attempt + 1} "
-            f"attempt(s). Next: python launch/status.py {run_dir}; python analysis/report.py {run_dir} --out "
-            f"{RunPaths.of(run_dir).run_dir / 'report'}")
+            restart += 1
+            say(f"attempt {result.attempt} ended with exit {code} ({ended_how(result)}); relaunching as attempt "
+                f"{first + restart}, as Slurm's --requeue would; rank logs {paths.logs}/local_{first + restart}_rank*.out")
+        total = attempts.attempt_count(read_events(paths.events), attempts.log_names(run_dir))
+        span = f"attempt {first}" if restart == 0 else f"attempts {first}-{first + restart}"
+        say(f"run {job.run.name} {final_words(code)} after {launcher.clock() - started:.0f} s and {restart + 1} "
+            f"attempt(s) ({span}; {total} in the run). Next: python launch/status.py {run_dir}; "
+            f"python analysis/report.py {run_dir} --out {paths.run_dir / 'report'}")
         return code
     finally:
         for s, h in previous.items():

@@ -21,6 +21,7 @@ A run directory ``<cluster.run_root>/<run.name>/`` (or ``run.dir``) holds::
     memory_plan.json    the planner's per-GPU memory estimate of the submitted layout (its terms and fixes)
     local_plan.json     the planner's space arithmetic of the node-local tier (when it is on): what a node needs
     oom/                out-of-memory forensics: memory_summary / snapshot per rank and attempt
+    startup/            start-up failures: one JSON record per attempt and failing rank (recovery/startup_failures.py)
     run_id              the run's identity, written into every manifest (recovery/identity.py)
     preflight/          the preflight job's own run: its config.yaml, options.json, logs, checkpoint
     preflight.json      the preflight's verdict
@@ -59,6 +60,7 @@ DATA_CACHE = "data_cache"
 MEMORY_PLAN = "memory_plan.json"
 LOCAL_PLAN = "local_plan.json"
 OOM = "oom"
+STARTUP = "startup"
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
 RUN_ID = "run_id"
@@ -336,6 +338,15 @@ class RunPaths:
         """One rank's out-of-memory forensics: ``oom/<job or local>_<attempt>_rank<R>.<what>``
         (``what``: ``memory_summary.txt`` or ``snapshot.pickle``)."""
         return self.run_dir / OOM / f"{job_id or 'local'}_{attempt}_rank{rank}.{what}"
+
+    @property
+    def startup(self) -> Path:
+        """Start-up failures, one record per attempt and failing rank (:mod:`recovery.startup_failures`)."""
+        return self.run_dir / STARTUP
+
+    def startup_failure(self, job_id: Optional[str], attempt: int, rank: int) -> Path:
+        """One rank's start-up failure: ``startup/<job or local>_<attempt>_rank<R>.json``."""
+        return self.startup / f"{job_id or 'local'}_{int(attempt)}_rank{int(rank)}.json"
 
     @property
     def run_id(self) -> Path:

@@ -30,6 +30,7 @@ from launch.kinds import EventKind
 from launch.paths import RunPaths
 from launch.planner.estimate import estimate, layout_name, train_iterations
 from launch.submit import read_submissions
+from launch import attempts
 from recovery.commit import STAGING_SUFFIX, parse_dir_name
 from recovery.events import read_events_counted, torn_warning
 from recovery.injob import standing
@@ -162,7 +163,7 @@ def _local_state(paths: RunPaths, events: list[dict], *, alive: Optional[Callabl
 
 
 def _ended_state(events: list[dict]) -> tuple[str, str]:
-    if not any(e.get("event") == EventKind.JOB_START for e in events):
+    if not attempts.attempt_keys(events):  # no attempt (one that failed before its first step counts)
         return "not_started", ""
     for e in reversed(events):
         kind = e.get("event")
@@ -178,7 +179,9 @@ def _ended_state(events: list[dict]) -> tuple[str, str]:
                            "") if reason == "stopped" else ""
                 return "stopped", (f"stopped{who} at step {e.get('step')} (checkpointed); the same command "
                                    "continues it")
-            return "failed", f"exit {reason} code {e.get('code')}"
+            said = next((x.get("detail") for x in reversed(events) if x.get("event") == EventKind.STOP
+                         and x.get("reason") == reason and x.get("detail")), "")  # a final stop's own line
+            return "failed", f"exit {reason} code {e.get('code')}" + (f": {said}" if said else "")
         if kind == "stop":
             return "failed", f"{e.get('reason')}: {e.get('detail') or ''}".strip(": ")
         if kind == "job_start":
@@ -284,11 +287,11 @@ def _analysis(state: RunState, run_dir: Path, sacct_text: Optional[str], window:
     return run.sacct
 
 
-def _count_attempts(state: RunState, events: list[dict], sacct: Any) -> None:
-    """Attempts from Slurm and the event log together: every (job, restart) that either one knows (an attempt
-    killed before its first event, or one sacct no longer lists, still counts)."""
-    keys = {(str(e.get("job_id")), int(e.get("restart_count") or 0)) for e in events
-            if e.get("event") == EventKind.JOB_START and (e.get("rank") or 0) == 0 and e.get("job_id") is not None}
+def _count_attempts(state: RunState, events: list[dict], sacct: Any, logs: tuple = ()) -> None:
+    """Attempts from Slurm, the event log and the local rank logs together (:func:`launch.attempts.attempt_keys`,
+    the one definition): every (job, attempt) that one of them knows (an attempt killed before its first event, or
+    one sacct no longer lists, still counts)."""
+    keys = attempts.attempt_keys(events, logs)
     if sacct is not None and not getattr(sacct, "empty", True) and {"is_alloc", "job", "attempt"} <= set(sacct):
         alloc = sacct[sacct["is_alloc"].astype(bool)]
         if "state" in alloc:  # a pending allocation (or one cancelled before it started) is no attempt
@@ -298,8 +301,7 @@ def _count_attempts(state: RunState, events: list[dict], sacct: Any) -> None:
         for job, attempt in zip(alloc["job"].astype(str), alloc["attempt"]):
             if job in state.job_ids and attempt == attempt and attempt is not None:
                 keys.add((job, int(attempt)))
-    if keys:
-        state.attempts = max(state.attempts, len(keys))
+    state.attempts = len(keys)
 
 
 def _explain_end(state: RunState, events: list[dict], job: Job) -> None:
@@ -481,7 +483,7 @@ def gather(run_dir: str | Path, *, runner: Runner = default_runner, clock: Calla
         sacct = _analysis(state, run_dir, sacct_text, live_expected=bool(state.job_ids))
     except Exception as exc:  # a report problem must not hide the state
         state.warnings.append(f"log analysis failed: {type(exc).__name__}: {exc}")
-    _count_attempts(state, events, sacct)
+    _count_attempts(state, events, sacct, tuple(attempts.log_names(run_dir)))
     if state.target and state.step is not None and state.step_time_s:
         left = max(0, state.target - state.step)
         state.eta_s = left * state.step_time_s

@@ -4,7 +4,8 @@ One JSON object per line, appended and flushed (and fsynced) per event, so a kil
 leaves every event it emitted. The analysis reports join this with ``sacct`` records.
 
 Every record has ``time`` (unix seconds, float), ``event`` (a kind below), ``job_id``
-(``SLURM_JOB_ID`` or null), ``restart_count``, ``rank`` and ``host``; each kind adds fields:
+(``SLURM_JOB_ID`` or null), ``restart_count``, ``rank`` and ``host`` (and ``attempt``, the attempt's number in the
+run, where the local launcher numbered it: :mod:`launch.attempts`); each kind adds fields:
 
 =========================  ==============================================================
 event                      extra fields
@@ -90,6 +91,8 @@ budget_unavailable         detail -- the ledger could not be read at the attempt
 memory_fragmentation       rank, symptom (gap|alloc_retries), detail, step, first_step, window, mem_* -- the
                            reserved-allocated gap or the allocator's retries grew over training.memory_window
                            (train/memory.py)
+startup_failed             attempt, host, error (its first line), phase, record -- a rank failed before the start
+                           decision (imports, version checks, the process group join); written by that rank
 stop                       reason, code, detail -- an attempt refused or ended:
                            zero_progress|max_restarts|crash|hang|checkpoint_mismatch|unsupported_software|...; or,
                            after a stop checkpoint (recovery/stop.py), who stopped it (a decided cause, undecided,
@@ -137,8 +140,10 @@ class EventLog:
         clock: Callable[[], float] = time.time,
         host: Optional[str] = None,
         enabled: bool = True,
+        attempt: Optional[int] = None,
     ) -> None:
         self.path = Path(path)
+        self.attempt = attempt  # the attempt's number in the run where it is not the restart count (launch/attempts.py)
         self.rank = rank
         self.job_id = job_id
         self.restart_count = restart_count
@@ -152,6 +157,7 @@ class EventLog:
             "event": str(event),
             "job_id": self.job_id,
             "restart_count": self.restart_count,
+            **({"attempt": self.attempt} if self.attempt is not None else {}),
             "rank": self.rank,
             "host": self.host,
             **fields,

@@ -64,6 +64,8 @@ from recovery.exit_codes import (  # noqa: F401  (re-exported: the policy's voca
     EXIT_NAN, EXIT_NO_LOADABLE, EXIT_REQUEUE, EXIT_RUN_LOCKED, EXIT_SHARED_CKPT, EXIT_STORAGE, EXIT_UNSAFE_CKPT,
     EXIT_BUDGET, EXIT_OOM, EXIT_REPLAY_MISMATCH, EXIT_UNSUPPORTED, EXIT_ZERO_PROGRESS, FINAL_CODES, FINAL_REASONS, REFUSAL_CODES, code_name,
 )
+from launch import attempts
+from recovery import startup_failures
 from recovery.slurm import Runner, Slurm, default_runner
 from recovery.storage import atomic_write_json
 
@@ -105,6 +107,60 @@ def restart_count_from_env(env: Mapping[str, str]) -> int:
     except ValueError:
         raise ValueError(f"{IN_JOB_OFFSET}={raw!r} is not an integer") from None
     return slurm_restart_count(env) + offset
+
+
+def attempt_from_env(env: Mapping[str, str]) -> int:
+    """This attempt's number in the run (:mod:`launch.attempts`): ``SLURMTRON_ATTEMPT`` (the local launcher numbers
+    attempts across its launches of a run), else the restart count (Slurm: unique within the job id)."""
+    raw = env.get(attempts.ATTEMPT_ENV)
+    if raw not in (None, ""):
+        try:
+            return max(0, int(str(raw).strip()))
+        except ValueError:
+            raise ValueError(f"{attempts.ATTEMPT_ENV}={raw!r} is not an integer") from None
+    return restart_count_from_env(env)
+
+
+# ---- the start-up rule: attempts that never reached the start decision ---------------------
+
+def startup_decision(run_dir: Path, env: Mapping[str, str], training: Any) -> Decision:
+    """Every rank, before it imports torch or Megatron-Core: may this attempt try to start?
+
+    Refuses (reason ``zero_progress``, exit 3, final) when the last ``training.zero_progress_restarts`` attempts of
+    the current chain all failed to start (:func:`recovery.startup_failures.startup_failures`: an import, a version check,
+    the process group join), so a missing package is one line and a stop, not a requeue loop. The chain is the one
+    of :func:`start_decision`: a fresh launch (restart count 0) starts a new one, so a user who fixed the
+    environment and launches again is not refused. The previous attempts of the chain are this job's attempts
+    ``attempt - 1`` ... ``attempt - n`` (the restart count says how many exist). ``zero_progress_restarts <= 0``
+    disables the rule."""
+    n = int(getattr(training, "zero_progress_restarts"))
+    restart = restart_count_from_env(env)
+    attempt = attempt_from_env(env)
+    if n <= 0 or restart < n:
+        return Decision(ok=True, reason="start")
+    job = attempts.attempt_of({"job_id": env.get("SLURM_JOB_ID"), "attempt": attempt})[0]
+    failed = startup_failures.startup_failures(Path(run_dir))
+    last = [failed.get((job, attempt - k)) for k in range(1, n + 1)]
+    if not all(last):
+        return Decision(ok=True, reason="start")
+    first = last[0][0]
+    hosts = sorted({str(r.get("host")) for recs in last for r in recs})
+    error = str(first.get("error") or "an error")
+    what = _unimportable(error)
+    return Decision(
+        ok=False, reason="zero_progress", code=EXIT_ZERO_PROGRESS,
+        detail=f"{what + ' is not importable' if what else 'the ranks could not start'} on "
+               f"{'node' if len(hosts) == 1 else 'nodes'} {', '.join(hosts)}: {error} (the last {n} attempts failed "
+               f"before their first step, training.zero_progress_restarts={n}; the records are in "
+               f"{RunPaths.of(run_dir).startup}; fix the environment and launch again)")
+
+
+def _unimportable(error: str) -> Optional[str]:
+    """``megatron`` of ``ModuleNotFoundError: No module named 'megatron'`` (an import error), else None."""
+    if not error.startswith(("ModuleNotFoundError", "ImportError")):
+        return None
+    quoted = error.split("'")
+    return quoted[1].split(".")[0] if len(quoted) >= 3 and quoted[1] else "a module"
 
 
 # ---- small JSON files written atomically ------------------------------------------------

@@ -19,10 +19,11 @@ PRODUCT = ("launch", "train", "recovery", "analysis")
 CONTRACT = ("launch.config", "launch.compose", "launch.paths", "launch.vocab", "launch.dist_env", "launch.blend",
             "launch.tokenizer", "launch.problems", "launch.preflight_checks", "launch.kinds", "launch.hardware_faults",
             "launch.hf_config", "launch.watchdog_config", "launch.nan_guard_config", "launch.stragglers_config",
-            "launch.planner_config", "launch.local_ckpt_config")
+            "launch.planner_config", "launch.local_ckpt_config", "launch.attempts")
 # What recovery/ and analysis/ may read of the contract: the run's files, the vocabulary of causes and event
-# kinds, and the hardware-fault table (the ranks write what the report reads, in the same words).
-RECORDS = ("launch.paths", "launch.kinds", "launch.hardware_faults")
+# kinds, the hardware-fault table (the ranks write what the report reads, in the same words), and what an
+# attempt is (every reader counts them the same way).
+RECORDS = ("launch.paths", "launch.kinds", "launch.hardware_faults", "launch.attempts")
 TEST_MODULES = ("tests", "conftest", "faults", "fake_slurm", "slurm_cluster", "trainutil")
 EXCEPTIONS: set = set()  # known exceptions, each with its reason; a new one must be added here on purpose
 

@@ -29,7 +29,8 @@ def test_the_decided_causes_are_the_ones_the_stop_rules_return():
     assert {c.value for c in Cause.decided_ones()} == {"user_cancel", "user_stop", "user_requeue", "preemption",
                                                       "time_limit", "node_failure"}
     # final: the attempt it ends is not requeued (a user's cancel or stop, a NaN stop)
-    assert {c.value for c in Cause if c.final} == {"user_cancel", "user_stop", "nan", "replay_mismatch", "budget"}
+    assert {c.value for c in Cause if c.final} == {"user_cancel", "user_stop", "nan", "replay_mismatch", "budget",
+                                                    "zero_progress"}
     # a final cause the ranks stop with (not Slurm's decision) is a final stop reason with its own exit code
     from recovery.exit_codes import FINAL_REASONS
 
@@ -126,7 +127,11 @@ EVIDENCE = {
     Cause.BUDGET: dict(events=({"event": EventKind.STOP, "reason": "budget", "code": 17},)),
     Cause.XID: dict(log="NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus."),
     Cause.HANG: dict(events=({"event": EventKind.HANG, "deadline": "step"},)),
+    Cause.ZERO_PROGRESS: dict(events=({"event": EventKind.STOP, "reason": "zero_progress", "code": 3},)),
     Cause.CRASH: dict(events=({"event": EventKind.EXIT, "reason": "error", "code": 1},)),
+    # a rank that failed before its first step (recovery/startup_failures.py): a crash too
+    "startup_failed": dict(events=({"event": EventKind.STARTUP_FAILED, "error": "ModuleNotFoundError: No module "
+                                    "named 'megatron'", "host": "n1"},)),
     Cause.USER_CANCEL: dict(state="CANCELLED by 0"),
     Cause.USER_STOP: dict(events=({"event": EventKind.STOP, "reason": "user_stop", "requeue": False},)),
     Cause.USER_REQUEUE: dict(events=({"event": EventKind.STOP, "reason": "user_requeue", "requeue": True},)),
@@ -134,6 +139,12 @@ EVIDENCE = {
                                         "ok": True, "detail": "requeued"},)),
     Cause.UNKNOWN: dict(state="FAILED"),
 }
+
+
+def test_a_start_up_failure_is_a_crash_in_the_report():
+    intr = _interruption(**EVIDENCE["startup_failed"])
+    assert intr["cause"].tolist() == [Cause.CRASH.value], intr["evidence"].tolist()
+    assert "ModuleNotFoundError" in intr["evidence"].iloc[0]
 
 
 @pytest.mark.parametrize("cause", list(Cause))

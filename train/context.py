@@ -210,6 +210,7 @@ class RankContext:
     tracker: Any = None  # train.tracking.Tracker on the tracking rank (TensorBoard/W&B), else None
     heartbeat: Heartbeat = field(default_factory=Heartbeat.disabled)  # to this rank's hang watcher
     started: Optional[float] = None  # clock() when this rank started (set at construction)
+    decided: bool = False  # the start decision was taken: a failure from here on is no start-up failure
 
     def __post_init__(self) -> None:
         if self.started is None:

@@ -67,10 +67,11 @@ from launch.dist_env import PG_TIMEOUT_S
 from launch.hf_config import hf_dir
 from launch.kinds import EventKind
 from launch.paths import RunPaths
-from recovery import exclusion, policy
+from launch import attempts
+from recovery import exclusion, policy, startup_failures
 from recovery import stop as stopping
 from recovery.events import EventLog, read_events
-from recovery.exit_codes import EXIT_CRASH
+from recovery.exit_codes import EXIT_CRASH, EXIT_ZERO_PROGRESS
 from recovery.hang_report import Limits
 from recovery.policy import (
     EXIT_BAD_CONFIG, EXIT_BUDGET, EXIT_COMPLETED, EXIT_NAN, EXIT_OOM, EXIT_REPLAY_MISMATCH, EXIT_STORAGE, FINAL_REASONS,
@@ -131,16 +132,23 @@ def main(argv: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = No
     if isinstance(loaded, int):
         return loaded
     job, paths = loaded
-    from train.versions import refuse_unsupported  # before anything imports torch or megatron
-    if (refused := refuse_unsupported(paths.run_dir, env, job.training.precision,
-                                      tp_comm_overlap=job.parallelism.tp_comm_overlap)) is not None:
+    if (refused := _refuse_after_startup_failures(paths, env, job.training)) is not None:
         return refused
-    denv = dist_env.from_env(env)
+    try:  # from here to the start decision a failure is a start-up failure (recovery/startup_failures.py)
+        from train.versions import refuse_unsupported  # before anything imports torch or megatron
+        if (refused := refuse_unsupported(paths.run_dir, env, job.training.precision,
+                                          tp_comm_overlap=job.parallelism.tp_comm_overlap)) is not None:
+            return refused
+        denv = dist_env.from_env(env)
+    except Exception as e:  # noqa: BLE001 - recorded, one line, relaunched until the start-up rule stops it
+        import traceback
+
+        return _startup_failed(paths, env, e, traceback.format_exc(), "version check")
     if quieted and denv.rank == denv.world_size - 1:  # the rank the terminal shows
         print(quieted, flush=True)
     restart = restart_count_from_env(env)
     events = EventLog(paths.events, rank=denv.rank, job_id=env.get("SLURM_JOB_ID"), restart_count=restart,
-                      enabled=denv.rank == 0)
+                      enabled=denv.rank == 0, attempt=_numbered(env))
     ctx = RankContext(job=job, paths=paths, dist=denv, env=env, restart=restart, flag=flag, events=events,
                       hooks=Hooks.from_env(env))
     ctx.heartbeat = _start_watchdog(ctx)
@@ -154,6 +162,57 @@ def main(argv: Optional[list[str]] = None, env: Optional[Mapping[str, str]] = No
         # and during interpreter shutdown Python restores the default action (terminate), which
         # would turn a completed rank into a FAILED job step.
         ignore_stop_signals()
+
+
+def _numbered(env: Mapping[str, str]) -> Optional[int]:
+    """The attempt's number in the run for the event log where the launcher numbered it (``cluster=local``), else
+    None: the restart count is the attempt (:mod:`launch.attempts`)."""
+    return policy.attempt_from_env(env) if env.get(attempts.ATTEMPT_ENV) not in (None, "") else None
+
+
+def _refuse_after_startup_failures(paths: RunPaths, env: Mapping[str, str], training: Any) -> Optional[int]:
+    """Every rank, before its heavy imports: the last ``training.zero_progress_restarts`` attempts of this chain all
+    failed to start (:func:`recovery.policy.startup_decision`): one line, a ``zero_progress`` stop (rank 0), exit 3."""
+    dec = policy.startup_decision(paths.run_dir, env, training)
+    if dec.ok:
+        return None
+    print(f"slurmtron: refused to start: {dec.detail} (exit {dec.code}; final: not relaunched or requeued)",
+          flush=True)
+    try:
+        rank = dist_env.rank_of(env)
+        if rank == 0:
+            log = EventLog(paths.events, job_id=env.get("SLURM_JOB_ID"), restart_count=restart_count_from_env(env),
+                           attempt=_numbered(env))
+            log.emit(EventKind.STOP, reason=dec.reason, code=dec.code, detail=dec.detail, startup=True)
+            log.emit(EventKind.EXIT, reason=dec.reason, code=dec.code, step=None)
+    except (OSError, ValueError) as e:  # the refusal stands; only its record is missing
+        print(f"WARNING: the refusal could not be recorded in {paths.events}: {e}", flush=True)
+    return int(dec.code)
+
+
+def _startup_failed(paths: RunPaths, env: Mapping[str, str], e: BaseException, tb: str, phase: str) -> int:
+    """This rank failed before the start decision (an import, a version check, the process group join): record it
+    (``startup/``, a ``startup_failed`` event), say it in one line (the traceback is in the record), exit 1 so the
+    launcher or Slurm relaunches, until :func:`recovery.policy.startup_decision` stops the chain."""
+    error = startup_failures.first_line(e)
+    host = dist_env.node_name(env)
+    try:
+        rank, restart, attempt = dist_env.rank_of(env), restart_count_from_env(env), policy.attempt_from_env(env)
+        where = startup_failures.record_startup_failure(paths.run_dir, job_id=env.get("SLURM_JOB_ID"), attempt=attempt,
+                                                restart_count=restart, rank=rank, host=host, error=error, phase=phase,
+                                                traceback=tb)
+        log = EventLog(paths.events, rank=rank, job_id=env.get("SLURM_JOB_ID"), restart_count=restart,
+                       attempt=_numbered(env))
+        log.emit(EventKind.STARTUP_FAILED, host=host, error=error, phase=phase, record=str(where))
+        log.emit(EventKind.STOP, reason="crash", code=EXIT_CRASH, detail=error, startup=True)
+        log.emit(EventKind.EXIT, reason="error", code=EXIT_CRASH, step=None)
+    except (OSError, ValueError) as exc:  # the failure stands; only its record is missing, and that is said
+        print(f"rank ?: could not start on {host}: {error} (its record could not be written: {exc}; exit "
+              f"{EXIT_CRASH})", flush=True)
+        return EXIT_CRASH
+    print(f"rank {rank}: could not start on {host} ({phase}): {error} (attempt {attempt}; traceback in {where}; "
+          f"exit {EXIT_CRASH}: relaunched until training.zero_progress_restarts stops it)", flush=True)
+    return EXIT_CRASH
 
 
 def _load_run(run_dir: str, env: Mapping[str, str], load_job: Any) -> Any:
@@ -185,7 +244,8 @@ def _record_refusal(events_path: Any, env: Mapping[str, str], reason: str, code:
     try:
         if dist_env.from_env(env).rank != 0:
             return
-        log = EventLog(events_path, job_id=env.get("SLURM_JOB_ID"), restart_count=restart_count_from_env(env))
+        log = EventLog(events_path, job_id=env.get("SLURM_JOB_ID"), restart_count=restart_count_from_env(env),
+                       attempt=_numbered(env))
         log.emit(EventKind.STOP, reason=reason, code=code, detail=detail)
         log.emit(EventKind.EXIT, reason=reason, code=code, step=None)
     except (OSError, ValueError, KeyError) as e:  # the refusal stands; only its record is missing
@@ -217,7 +277,11 @@ def _run_reporting(ctx: RankContext) -> int:
     except BaseException as e:  # report every failure, then let the code say crash
         import traceback
 
-        from train.megatron_ckpt import UnsafeCheckpoint
+        if _failed_to_start(ctx, e):  # imports, the process group join: one line, recorded, relaunched
+            if _hang_declared(ctx):
+                return _leave_to_the_watchdog(ctx, e)
+            return _startup_failed(ctx.paths, ctx.env, e, traceback.format_exc(), "start-up")
+        from train.megatron_ckpt import UnsafeCheckpoint  # imports Megatron-Core: only once the start is decided
 
         # the filesystem refused a save, or a checkpoint to load holds a pickle that could run code:
         # a named, final stop (no traceback needed)
@@ -247,6 +311,16 @@ def _run_reporting(ctx: RankContext) -> int:
         return code
 
 
+_NAMED_STOPS = ("SaveFailed", "UnsafeCheckpoint", "CheckpointMismatch")  # final stops of their own, never start-up
+
+
+def _failed_to_start(ctx: RankContext, e: BaseException) -> bool:
+    """A failure before the start decision (an import, a version check, the process group join) that no stop signal
+    explains and that is no named stop: a start-up failure (:func:`_startup_failed`)."""
+    return (not ctx.decided and isinstance(e, Exception) and ctx.flag.received_at is None
+            and type(e).__name__ not in _NAMED_STOPS)
+
+
 def _oom_stop(ctx: RankContext, e: BaseException) -> int:
     """This rank ran out of GPU memory: write the forensics under ``<run_dir>/oom/`` (:mod:`train.memory`), record a
     final ``oom`` stop from this rank (rank 0 may be a healthy peer whose collective breaks next) and exit 18."""
@@ -261,7 +335,7 @@ def _oom_stop(ctx: RankContext, e: BaseException) -> int:
               f"{ctx.paths.run_dir / 'oom'} ({type(exc).__name__}: {exc})", flush=True)
     detail = memory.forensics_line(f"{type(e).__name__}: {e}", mem, memory.read_plan(ctx.paths.memory_plan))
     log = ctx.events if ctx.is_first else EventLog(ctx.paths.events, rank=ctx.rank, job_id=ctx.job_id,
-                                                   restart_count=ctx.restart)
+                                                   restart_count=ctx.restart, attempt=ctx.events.attempt)
     log.emit(EventKind.STOP, reason="oom", code=EXIT_OOM, detail=detail[:2000], oom_rank=ctx.rank,
              files=[str(f) for f in files], **mem.fields())
     log.emit(EventKind.EXIT, reason="oom", code=EXIT_OOM, step=None)
@@ -325,7 +399,7 @@ def _leave_to_the_watchdog(ctx: RankContext, e: BaseException) -> int:
 def _run(ctx: RankContext) -> int:
     from train.distributed import distributed
 
-    ctx.phase(f"attempt {ctx.restart} of run {ctx.job.run.name}: importing torch and Megatron-Core, then joining "
+    ctx.phase(f"attempt {_attempt_no(ctx)} of run {ctx.job.run.name}: importing torch and Megatron-Core, then joining "
               f"the {ctx.world} ranks' process group at {ctx.dist.master_addr}:{ctx.dist.master_port}")
     code = None
     with distributed(ctx.job, ctx.dist, timeout_s=DIST_TIMEOUT_S, checkpoint_helpers=True) as dev:
@@ -336,7 +410,12 @@ def _run(ctx: RankContext) -> int:
         finally:
             ctx.beat("done")
             if code is not None:
-                ctx.phase(f"attempt {ctx.restart} ends (exit {code}): closing the process group")
+                ctx.phase(f"attempt {_attempt_no(ctx)} ends (exit {code}): closing the process group")
+
+
+def _attempt_no(ctx: RankContext) -> int:
+    """This attempt's number in the run (the rank logs' name on cluster=local; the restart count on Slurm)."""
+    return ctx.restart if ctx.events.attempt is None else int(ctx.events.attempt)
 
 
 def _train(ctx: RankContext) -> int:
@@ -348,6 +427,7 @@ def _train(ctx: RankContext) -> int:
     ctx.phase(f"{ctx.world} rank(s) joined ({'cuda' if ctx.cuda else 'cpu'}, layout {job.layout_label}-dp{job.dp}); rank 0 looks for "
               f"the newest verified checkpoint in {ctx.paths.checkpoints}")
     start = find_start(ctx)  # rank 0 searches and decides, every rank follows
+    ctx.decided = True  # the start-up is over: a failure from here on is the zero-progress guard's
     if not start.ok and start.decision.reason == "run_locked":
         return _refuse_locked(ctx, start)
 
