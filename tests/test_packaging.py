@@ -22,7 +22,7 @@ from packaging.requirements import Requirement
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURE = REPO / "tests" / "fixtures" / "slurm_run"
-TRAIN_ONLY = {"torch", "megatron-core", "psutil"}
+TRAIN_ONLY = {"torch", "megatron-core", "psutil", "safetensors"}
 
 
 def _requirements(metadata: str) -> tuple[set[str], dict[str, set[str]]]:
@@ -46,6 +46,7 @@ def metadata(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Core metadata built by setuptools' PEP 517 hook in a copy of the project."""
     src = tmp_path_factory.mktemp("project")
     shutil.copy(REPO / "pyproject.toml", src)
+    shutil.copy(REPO / "LICENSE", src)
     for pkg in ("launch", "train", "recovery", "analysis"):
         shutil.copytree(REPO / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     out = src / "meta"
@@ -77,6 +78,27 @@ def test_train_extra_is_a_range_and_the_cpu_constraints_pin_it(metadata: str) ->
     for name in ("torch", "megatron-core"):
         (pin,) = list(pins[name])
         assert pin.operator == "==" and specs[name].contains(pin.version), (name, pin, specs[name])
+
+
+def test_the_test_tools_and_pandas_are_pinned_within_their_ranges(metadata: str) -> None:
+    """CI installs the exact versions it was green with (tests/xdist_groups.py depends on pytest-xdist's way of
+    grouping, which pytest 9.2 changed); the extras state the tested ranges, each pin inside its range."""
+    msg = Parser().parsestr(metadata)
+    specs = {Requirement(r).name: Requirement(r).specifier for r in msg.get_all("Requires-Dist")}
+    pins = {Requirement(r).name: Requirement(r).specifier
+            for r in (REPO / "constraints" / "cpu.txt").read_text().splitlines() if r and not r.startswith("#")}
+    for name in ("pytest", "pytest-xdist", "pytest-timeout", "hypothesis", "pandas"):
+        (pin,) = list(pins[name])
+        assert pin.operator == "==" and specs[name].contains(pin.version), (name, pin, specs[name])
+        assert any(s.operator == "<" for s in specs[name]), f"{name} has no upper bound: {specs[name]}"
+    assert "execnet" in pins  # pytest-xdist's transport, pinned with it
+
+
+def test_the_license_is_apache_2_and_ships(metadata: str) -> None:
+    msg = Parser().parsestr(metadata)
+    assert msg["License-Expression"] == "Apache-2.0" and msg.get_all("License-File") == ["LICENSE"]
+    text = (REPO / "LICENSE").read_text()
+    assert text.lstrip().startswith("Apache License") and "Copyright 2026 The slurmtron authors" in text
 
 
 def test_export_extra_is_in_the_test_extra_and_off_the_base(metadata: str) -> None:
