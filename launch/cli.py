@@ -42,6 +42,19 @@ def _close(word: str, options: Sequence[str]) -> Optional[str]:
     return found[0] if found else None
 
 
+def _in_map(dotted: str) -> bool:
+    """Whether ``dotted`` names a key inside a dict field of the schema (``cluster.env.NAME``)."""
+    cls: object = Job
+    parts = dotted.split(".")
+    for part in parts[:-1]:
+        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+            return False
+        if part not in {f.name for f in dataclasses.fields(cls)}:
+            return False
+        cls = typing.get_type_hints(cls).get(part)
+    return len(parts) > 1 and typing.get_origin(cls) in (dict, typing.Dict)
+
+
 def schema_suggestion(dotted: str) -> tuple[str, Optional[str]]:
     """(the first unknown part of ``dotted``, the closest existing dotted key or None).
 
@@ -110,6 +123,9 @@ def override_error_line(exc: BaseException, argv: Sequence[str] = ()) -> str:
             if guess is None and "." not in key:
                 guess = _close(key, list(GROUPS))
             value = typed.partition("=")[2]
+            if _in_map(key) and not typed.startswith("+"):  # cluster.env.NAME: a new key of a map needs Hydra's '+'
+                return (f"refused: {key} is a new key of the map {key.rpartition('.')[0]}: add it with "
+                        f"+{key}={value} (Hydra's '+' adds a key; without it only existing keys can be changed)")
             hint = f"; did you mean {guess}={value}?" if guess else \
                 "; the fields are in launch/config.py (python launch/pretrain.py --help-config lists them)"
             return f"refused: unknown key {bad} in {typed}{hint}"

@@ -183,6 +183,9 @@ def under_root(name: str, data_root: str = "") -> str:
     return f"{kind}:{os.path.join(data_root, path)}"
 
 
+_FILE_NAMES = {"hf": "tokenizer.json", "sentencepiece": ".model", "tiktoken": ".tiktoken"}
+
+
 def get_tokenizer(name: str) -> Any:
     """The tokenizer named by ``data.tokenizer``; raises :class:`TokenizerError` with one line."""
     if name == "byte":
@@ -191,6 +194,11 @@ def get_tokenizer(name: str) -> Any:
     if not sep or kind not in _FILE_KINDS or not path:
         raise TokenizerError(f"data.tokenizer={name!r}: expected byte | hf:<tokenizer.json> | "
                              "sentencepiece:<file.model> | tiktoken:<file.tiktoken>")
+    if os.path.isdir(path):
+        inside = os.path.join(path, "tokenizer.json") if kind == "hf" else ""
+        hint = f"; did you mean {kind}:{inside}?" if inside and os.path.isfile(inside) else \
+            f"; name the {_FILE_NAMES[kind]} file itself"
+        raise TokenizerError(f"data.tokenizer={name!r}: {path} is a directory, not a tokenizer file{hint}")
     if not os.path.isfile(path):
         raise TokenizerError(f"data.tokenizer={name!r}: {path} does not exist (checked on this machine)")
     try:

@@ -119,6 +119,10 @@ def test_a_missing_dataset_fails_the_dry_run(tmp_path):
     ("run.name=héllo wörld", "refused: cannot parse the override 'run.name=héllo wörld' (LexerNoViableAltException"),
     ("run.name=a=b=", "refused: cannot parse the override 'run.name=a=b='"),
     ("parallelism.tp=[1", "refused: cannot parse the override 'parallelism.tp=[1'"),
+    ("cluster.env.NCCL_DEBUG=INFO", "refused: cluster.env.NCCL_DEBUG is a new key of the map cluster.env: add it with "
+                                    "+cluster.env.NCCL_DEBUG=INFO"),
+    ("cluster.sbatch_extra.qos=high", "refused: cluster.sbatch_extra.qos is a new key of the map cluster.sbatch_extra: "
+                                      "add it with +cluster.sbatch_extra.qos=high"),
 ])
 def test_a_hydra_override_error_is_one_line_with_exit_2(tmp_path, override, line):
     proc = cli(tmp_path, override, "dry_run=true", env={"HYDRA_FULL_ERROR": ""})
@@ -127,6 +131,17 @@ def test_a_hydra_override_error_is_one_line_with_exit_2(tmp_path, override, line
     assert got.startswith(line), got
     assert "use +" not in got and "Set the environment" not in got
     assert list(tmp_path.iterdir()) == [tmp_path / "bin"]  # nothing written (the fake sbatch's PATH dir only)
+
+
+def test_a_tokenizer_directory_is_not_called_missing(tmp_path):
+    from launch.tokenizer import TokenizerError, get_tokenizer
+
+    (tmp_path / "tok").mkdir()
+    with pytest.raises(TokenizerError, match="is a directory, not a tokenizer file; name the tokenizer.json file"):
+        get_tokenizer(f"hf:{tmp_path / 'tok'}")
+    (tmp_path / "tok" / "tokenizer.json").write_text("{}")
+    with pytest.raises(TokenizerError, match=f"did you mean hf:{tmp_path / 'tok' / 'tokenizer.json'}"):
+        get_tokenizer(f"hf:{tmp_path / 'tok'}")
 
 
 def test_plan_gives_the_same_one_line_for_a_typo(tmp_path):
