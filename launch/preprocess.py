@@ -118,6 +118,19 @@ def _encode(text: str) -> List[int]:
     return tok.tokenize(text) + [tok.eod]
 
 
+def _encode_at(item: Tuple[str, int]) -> Tuple[List[int], int]:
+    """(token ids, the input's byte offset after this document): progress follows what was written, not what the
+    pool has read ahead."""
+    text, offset = item
+    return _encode(text), offset
+
+
+def _with_offsets(docs: Iterator[str], position: List[int]) -> Iterator[Tuple[str, int]]:
+    """Each document with the byte offset just past its line (``position[0]`` when it was read)."""
+    for text in docs:
+        yield text, position[0]
+
+
 def _pool(tokenizer_name: str, workers: int) -> Any:
     """A pool of ``workers`` tokenizing processes (spawned: no state inherited from this one), or a null
     context for one process; a ``with`` block ends it."""
@@ -128,12 +141,23 @@ def _pool(tokenizer_name: str, workers: int) -> Any:
     return multiprocessing.get_context("spawn").Pool(workers, _init_worker, (tokenizer_name,))
 
 
-def _encoded(pool: Any, docs: Iterator[str], tokenizer_name: str) -> Iterator[List[int]]:
-    """Token ids (EOD appended) of each document, in input order; with a pool, dispatching starts at once."""
+def _encoded(pool: Any, docs: Iterator[Tuple[str, int]], tokenizer_name: str) -> Iterator[Tuple[List[int], int]]:
+    """(token ids with EOD appended, input offset) of each document, in input order; with a pool, dispatching
+    starts at once."""
     if pool is None:
         _init_worker(tokenizer_name)
-        return (_encode(text) for text in docs)
-    return pool.imap(_encode, docs, chunksize=CHUNK)
+        return (_encode_at(item) for item in docs)
+    return pool.imap(_encode_at, docs, chunksize=CHUNK)
+
+
+def progress_line(docs: int, tokens: int, done: int, size: int, seconds: float, workers: int) -> str:
+    """What has been written so far: documents, tokens, and how far into the input they reach (``done`` bytes: the
+    end of the last written document's line; the pool may have read further ahead). The percent rounds down: 100%
+    means every document is written."""
+    mb = done / 1e6
+    return (f"preprocess: wrote {docs:,} document{'' if docs == 1 else 's'}, {tokens:,} tokens, the first "
+            f"{mb:,.1f} MB of {size / 1e6:,.1f} ({100 * done // size}%), {mb / max(seconds, 1e-9):.1f} MB/s, "
+            f"{workers} worker(s)")
 
 
 def preprocess(input_path: Path, output_prefix: str, tokenizer_name: str = "byte", json_key: str = "text",
@@ -152,18 +176,16 @@ def preprocess(input_path: Path, output_prefix: str, tokenizer_name: str = "byte
     try:
         with _pool(tokenizer_name, workers) as pool:
             # the workers start tokenizing now, while this process imports megatron-core (torch: seconds)
-            encoded = _encoded(pool, iter_documents(input_path, json_key, position), tokenizer_name)
+            encoded = _encoded(pool, _with_offsets(iter_documents(input_path, json_key, position), position),
+                               tokenizer_name)
             IndexedDatasetBuilder = import_builder(progress)
             builder = IndexedDatasetBuilder(bin_tmp, dtype=dtype)
-            for ids in encoded:
+            for ids, done in encoded:
                 builder.add_document(numpy.array(ids, dtype=dtype), [len(ids)])
                 docs, tokens = docs + 1, tokens + len(ids)
                 if progress is not None and clock() - last >= PROGRESS_EVERY_S:
                     last = clock()
-                    mb = position[0] / 1e6
-                    progress(f"preprocess: {docs:,} documents, {tokens:,} tokens, {mb:,.1f} MB of "
-                             f"{size / 1e6:,.1f} ({100 * position[0] / size:.0f}%), "
-                             f"{mb / max(last - start, 1e-9):.1f} MB/s, {workers} worker(s)")
+                    progress(progress_line(docs, tokens, done, size, last - start, workers))
             if docs == 0:
                 raise ValueError(f"{input_path}: no documents")
             builder.finalize(idx_tmp)
