@@ -17,7 +17,7 @@ from analysis import throughput
 from analysis.flops import UnknownDevice, hardware_flops, num_floating_point_operations, peak_flops
 
 __all__ = ["RunShape", "layout_label", "shape_from_config", "step_metrics", "attempt_summary", "layout_summary",
-           "regression_flags", "straggler_flags", "run_figures", "step_work"]
+           "regression_flags", "straggler_flags", "run_figures", "step_work", "with_event_times"]
 
 
 @dataclass
@@ -106,6 +106,35 @@ def step_metrics(it: pd.DataFrame, shape: RunShape) -> pd.DataFrame:
     elif np.isfinite(peak):
         out["mfu"] = out["mfu"].fillna(out["tflops_per_gpu"] * 1e12 / peak)
     out["layout"] = shape.layout
+    return out
+
+
+def with_event_times(it: pd.DataFrame, events: Optional[list]) -> pd.DataFrame:
+    """The log's iteration rows with ``elapsed_ms`` replaced by rank 0's time of the same step from the event log
+    (``seconds`` of its ``iteration`` events): the step times every figure is computed from
+    (:mod:`analysis.throughput`). Megatron's line is the last rank's time, which a pipeline stage's place in the
+    schedule moves by a few percent. A step is matched by its number and its occurrence (a step redone after a
+    restart occurs once per attempt that ran it, in time order); a step the two sources do not hold equally often
+    (several ranks' logs, a truncated log) keeps its log time."""
+    times: dict[int, list] = {}
+    for e in events or []:
+        if e.get("event") != "iteration":
+            continue
+        step, sec, rank = e.get("step"), e.get("seconds"), e.get("rank")
+        if isinstance(rank, (int, float)) and rank == rank and int(rank) != 0:
+            continue
+        if isinstance(step, (int, float)) and not isinstance(step, bool) and step == step \
+                and isinstance(sec, (int, float)) and not isinstance(sec, bool) and np.isfinite(sec) and sec > 0:
+            times.setdefault(int(step), []).append(float(sec))
+    if not times or it.empty or "iteration" not in it or "elapsed_ms" not in it:
+        return it
+    order = it.sort_values("timestamp", kind="stable", na_position="last") if "timestamp" in it else it
+    nth = order.groupby("iteration").cumcount()
+    count = order.groupby("iteration")["iteration"].transform("size")
+    ms = [times[k][n] * 1000.0 if k in times and len(times[k]) == c else np.nan
+          for k, n, c in zip(order["iteration"].astype(int), nth, count)]
+    out = it.copy()
+    out["elapsed_ms"] = pd.Series(ms, index=order.index, dtype=float).reindex(it.index).fillna(it["elapsed_ms"])
     return out
 
 

@@ -26,7 +26,7 @@ from analysis.interruptions import build_attempts, goodput, interruptions
 from analysis.load import RunInputs, load_paths
 from analysis.mfu import (
     RunShape, attempt_summary, layout_summary, regression_flags, run_figures, shape_from_config, step_metrics,
-    straggler_flags,
+    straggler_flags, with_event_times,
 )
 from analysis import throughput
 from analysis.document import counts, csv_safe, num, pct, to_html, to_markdown
@@ -60,8 +60,8 @@ def analyze_run(run: RunInputs, shape: RunShape, *, window: int = 20, threshold:
     gpus = shape.world_size
     att, it = build_attempts(run.iterations, run.signatures, run.checkpoints, run.events, run.sacct, gpus=gpus)
     intr = recovery_time.add_recovery(interruptions(att), att, run.events)
-    m = step_metrics(it, shape)
     ev = run.events
+    m = step_metrics(with_event_times(it, _records(ev)), shape)  # rank 0's step times: the figures' (throughput.py)
     if ev is not None and not ev.empty and "layout" in ev:
         # the layout each attempt really ran with (a resumed run may reshard)
         starts = ev[ev["event"] == EventKind.JOB_START]

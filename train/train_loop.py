@@ -405,6 +405,9 @@ class Meter:
         TensorBoard under ``run/`` when this rank also writes it."""
         ctx, job = self.ctx, self.ctx.job
         if not ctx.is_first:
+            if getattr(ctx, "tracker", None) is not None:  # TensorBoard's rank is not the event log's writer
+                ctx.tracker.text(step, "run throughput: not written here (this rank does not write the event log "
+                                       "its figures come from): rank 0's log line, status.py and the report")
             return
         from recovery.events import read_events
 
