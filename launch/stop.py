@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence, TextIO
 
+import yaml
+
 from launch.cli import override_error_line
 from launch.compose import compose_job
 from launch.kinds import EventKind
@@ -95,6 +97,28 @@ def resolve_run_dir(run_dir: Optional[Path], overrides: list[str]) -> Path:
     return run_dir_for(job.cluster.run_root, job.run.name, job.run.dir)
 
 
+CONFIG_MAX_BYTES = 4 << 20  # a run's config.yaml is a few KiB
+
+
+def _unreadable_config(config: Path) -> Optional[str]:
+    """Why a run's ``config.yaml`` cannot be read back as a job (one phrase), or None: a stop request is only
+    written into a directory that is a run."""
+    try:
+        if not config.is_file():
+            return "not a regular file"
+        if config.stat().st_size > CONFIG_MAX_BYTES:
+            return f"{config.stat().st_size} bytes, more than {CONFIG_MAX_BYTES}"
+        doc = yaml.safe_load(config.read_bytes().decode("utf-8"))
+        if not isinstance(doc, dict):
+            return f"a YAML {type(doc).__name__}, not a mapping"
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    except (UnicodeDecodeError, yaml.YAMLError) as e:  # a damaged file
+        text = str(e).strip().splitlines()
+        return f"{type(e).__name__}: {text[0][:160]}" if text else type(e).__name__
+    return None
+
+
 def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None, err: Optional[TextIO] = None) -> int:
     out, err = out or sys.stdout, err or sys.stderr
     args = list(sys.argv[1:] if argv is None else argv)
@@ -112,6 +136,11 @@ def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None, err
     if not paths.config.exists():
         print(f"refused: run directory {run_dir} has no config.yaml: no such run (check run.name / cluster.run_root)",
               file=err)
+        return EXIT_BAD_INPUT
+    unreadable = _unreadable_config(paths.config)
+    if unreadable:
+        print(f"refused: {paths.config} cannot be read as a run's config ({unreadable}); nothing was written (is "
+              f"{run_dir} a run directory?)", file=err)
         return EXIT_BAD_INPUT
     request = paths.stop_request
     if request.is_symlink() or (request.exists() and not request.is_file()):

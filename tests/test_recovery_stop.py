@@ -189,3 +189,20 @@ def test_stop_command_finds_the_run_from_the_pretrain_overrides(tmp_path: Path):
     (run_dir / "config.yaml").write_text("{}\n")
     assert stop.main([f"cluster.run_root={tmp_path / 'runs'}", "run.name=demo"]) == 0
     assert json.loads((run_dir / "stop.json").read_text())["state"] == "requested"
+
+
+@pytest.mark.parametrize("config", ["dir", "a: [\n", "- 1\n", "garbage: \x00\n", "\xff\xfe"])
+def test_stop_command_writes_nothing_into_a_directory_whose_config_cannot_be_read(tmp_path: Path, capsys, config):
+    from launch import stop
+
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    if config == "dir":
+        (run_dir / "config.yaml").mkdir()
+    else:
+        (run_dir / "config.yaml").write_text(config)
+    before = sorted(p.name for p in run_dir.iterdir())
+    assert stop.main([str(run_dir)]) == stop.EXIT_BAD_INPUT
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"refused: {run_dir / 'config.yaml'} cannot be read as a run's config (")
+    assert sorted(p.name for p in run_dir.iterdir()) == before and not (run_dir / "stop.json").exists()
