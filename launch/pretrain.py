@@ -55,7 +55,8 @@ EXIT_SUBMIT_FAILED = 1
 USAGE = usage(
     "Check a training job and submit it to Slurm (or run it here with cluster=local). Every problem is listed\n"
     "at once and the job is refused (exit 2, nothing written); dry_run=true prints the batch script instead.\n"
-    "With -m, each combination of a sweep is checked and submitted on its own (exit 2 if none is accepted).",
+    "With -m, each combination of a sweep is checked and submitted on its own (exit 2 if none is accepted);\n"
+    "a dry-run sweep prints one line per member, with the command that prints its script.",
     "python launch/pretrain.py [-m] [key=value ...]",
     "configuration.md",
     "examples:\n"
