@@ -160,7 +160,7 @@ def _unimportable(error: str) -> Optional[str]:
     if not error.startswith(("ModuleNotFoundError", "ImportError")):
         return None
     quoted = error.split("'")
-    return quoted[1].split(".")[0] if len(quoted) >= 3 and quoted[1] else "a module"
+    return quoted[1].split(".")[0] if len(quoted) >= 3 and quoted[1] else None
 
 
 # ---- small JSON files written atomically ------------------------------------------------
