@@ -91,7 +91,8 @@ def query_groups(model: Any) -> int:
 
 
 def llama_fields(model: Any, padded_vocab: int) -> dict:
-    """The ``LlamaConfig`` arguments of ``model`` (the vocabulary is the padded one the ranks build)."""
+    """The ``LlamaConfig`` arguments of ``model`` with ``padded_vocab`` ids (an export gives the tokenizer's,
+    ``model.vocab_size``; the check compares with the padded one the ranks build and accepts either)."""
     return {
         "vocab_size": padded_vocab,
         "hidden_size": model.hidden_size,
@@ -190,14 +191,14 @@ def shape_problems(model: Any, padded_vocab: int, cfg: dict, field: str = "train
             same = isinstance(theirs, (int, float)) and math.isclose(float(theirs), float(mine), rel_tol=1e-9)
         else:
             same = theirs == mine
-        if same:
+        if same or (key == "vocab_size" and theirs == model.vocab_size):  # the tokenizer's (an export): padded back
             continue
         if key == "vocab_size":
             out.append(Problem(
                 field, "the HF vocabulary differs from the one this job builds",
-                f"config.json vocab_size {theirs} != padded vocabulary {padded_vocab} (model.vocab_size "
-                f"{model.vocab_size} padded to a multiple of model.make_vocab_size_divisible_by "
-                f"{model.make_vocab_size_divisible_by} and of tp)",
+                f"config.json vocab_size {theirs} is neither model.vocab_size {model.vocab_size} nor the padded "
+                f"vocabulary {padded_vocab} (model.vocab_size padded to a multiple of "
+                f"model.make_vocab_size_divisible_by {model.make_vocab_size_divisible_by} and of tp)",
                 f"set model.vocab_size={theirs} and a model.make_vocab_size_divisible_by that divides {theirs}"))
         elif key == "rms_norm_eps":
             out.append(Problem(field, "the HF model normalises with another epsilon than Megatron-Core's RMSNorm",

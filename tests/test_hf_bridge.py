@@ -49,7 +49,8 @@ def test_a_matching_hf_model_is_accepted(tmp_path):
     ({"num_key_value_heads": 4}, "config.json num_key_value_heads 4 != model.num_query_groups 2"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}},
      "config.json rope_theta 500000.0 != model.rotary_base 10000.0"),
-    ({"vocab_size": 32000}, "config.json vocab_size 32000 != padded vocabulary 320"),
+    ({"vocab_size": 32000}, "config.json vocab_size 32000 is neither model.vocab_size 257 nor the padded vocabulary "
+                            "320"),
 ])
 def test_a_shape_mismatch_is_refused_with_the_arithmetic(tmp_path, changes, arithmetic):
     problems = init_problems(tmp_path, **changes)

@@ -47,6 +47,32 @@ def hf_logits(hf_dir: Path, tokens: np.ndarray) -> np.ndarray:
         return model(torch.from_numpy(tokens)).logits.float().numpy()
 
 
+def assert_readable_and_decodable(hf_dir: Path, record: dict) -> None:
+    """The export's files are readable by the group (the mode open() gives under the umask the export ran with), its
+    vocabulary is the tokenizer's, and greedy generation only yields ids the tokenizer decodes."""
+    import os
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from launch.tokenizer import ByteTokenizer
+
+    umask = os.umask(0o022)
+    os.umask(umask)
+    files = sorted(p for p in hf_dir.iterdir() if p.is_file())
+    assert {"model.safetensors", "config.json", "slurmtron_vocab_padding.safetensors"} <= {p.name for p in files}
+    for p in files:
+        assert p.stat().st_mode & 0o777 == 0o666 & ~umask, (p.name, oct(p.stat().st_mode))
+    tok = ByteTokenizer()
+    assert json.loads((hf_dir / "config.json").read_text())["vocab_size"] == tok.vocab_size == record["vocab_size"]
+    assert record["padded_vocab_size"] == 320
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32).eval()
+    assert model.get_input_embeddings().weight.shape[0] == model.get_output_embeddings().weight.shape[0] == 257
+    prompt = torch.tensor([tok.tokenize("Hello")])
+    out = model.generate(prompt, max_new_tokens=24, do_sample=False, pad_token_id=tok.eod)[0].tolist()
+    assert len(out) > prompt.shape[1] and all(i in tok.inv_vocab for i in out), out
+
+
 def test_export_to_hf_and_start_a_run_from_it(tmp_path):
     rng = np.random.default_rng(0)
     doc = rng.integers(0, 256, size=64, dtype=np.uint16)  # seq_length tokens: every sample is this document
@@ -60,6 +86,7 @@ def test_export_to_hf_and_start_a_run_from_it(tmp_path):
     assert rec1["step"] == 2 and rec1["dtype"] == "float32" and rec1["logits"]["greedy_equal"]
 
     hf1 = tmp_path / "hf_tp2_dp2"
+    assert_readable_and_decodable(hf1, rec1)
     dst = train(tmp_path / "tp2_pp2", [*COMMON, *data, "parallelism=tp2_pp2", f"training.init_from=hf:{hf1}",
                                        "training.train_iters=2", "training.checkpoint_interval=100"],
                 world=4, timeout=600)
@@ -80,7 +107,8 @@ def test_export_to_hf_and_start_a_run_from_it(tmp_path):
     for name, hf_dir in (("tp2_dp2", hf1), ("tp2_pp2", tmp_path / "hf_tp2_pp2")):
         tokens, megatron = arrays[f"{name}_tokens"], arrays[f"{name}_logits"]
         ours = hf_logits(hf_dir, tokens)
-        assert ours.shape == megatron.shape == (*tokens.shape, 320)
+        assert ours.shape == (*tokens.shape, 257) and megatron.shape == (*tokens.shape, 320)  # the padding is cut
+        megatron = megatron[..., :257]
         diff = float(np.abs(ours - megatron).max())
         assert diff <= LOGITS_TOL, (name, diff)
         assert (ours.argmax(-1) == megatron.argmax(-1)).all(), name

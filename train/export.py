@@ -4,7 +4,9 @@ Loads the newest *verified* checkpoint of the run (or step N), saved in any layo
 this process (a one-rank gloo group of its own: no launcher, no Slurm, CPU is enough), maps it to
 ``LlamaForCausalLM`` or ``GPT2LMHeadModel`` (:mod:`train.hf_bridge`) and writes ``config.json``, ``model.safetensors`` (sharded with
 ``model.safetensors.index.json`` past ``--max-shard-size``), the tokenizer when the run used ``hf:``, and
-``slurmtron_export.json`` (source, step, dtype and the logits check). Before it says done it loads the written
+``slurmtron_export.json`` (source, step, dtype and the logits check). The vocabulary is the tokenizer's
+(``model.vocab_size``): the rows the run padded it with are cut, and kept beside the weights for an import
+(:mod:`train.hf_bridge`). Every file gets the mode a plain ``open()`` would give (``0o666 & ~umask``). Before it says done it loads the written
 directory back with ``transformers`` and compares its logits with the Megatron model's on a probe batch
 (float32: max abs difference <= :data:`FP32_TOLERANCE` and the same greedy tokens, else exit 3, nothing kept).
 
@@ -110,7 +112,9 @@ def probe_tokens(model: Any) -> Any:
 
 
 def compare_logits(mine: Any, theirs: Any) -> dict:
-    """Max abs difference and greedy agreement of two [b, s, v] logits tensors."""
+    """Max abs difference and greedy agreement of two [b, s, v] logits tensors, over the columns of ``theirs`` (the
+    HF model's: the tokenizer's ids; Megatron's padded columns are no token)."""
+    mine = mine[..., :theirs.shape[-1]]
     diff = float((mine.float() - theirs.float()).abs().max())
     greedy = bool((mine.argmax(-1) == theirs.argmax(-1)).all())
     return {"max_abs_diff": diff, "greedy_equal": greedy}
@@ -122,7 +126,7 @@ def hf_model(job: Any, tensors: dict, dtype: str) -> Any:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
-    arch, eod, vocab = hf_config.architecture(job.model), end_of_document(job), job_padded_vocab(job)
+    arch, eod, vocab = hf_config.architecture(job.model), end_of_document(job), job.model.vocab_size
     if arch == hf_config.GPT2:
         cls, cfg = GPT2LMHeadModel, GPT2Config(**hf_config.gpt2_fields(job.model, vocab), architectures=[arch],
                                                bos_token_id=None, eos_token_id=eod, pad_token_id=None)
@@ -192,19 +196,21 @@ def export(src: Source, out: Path, dtype: str, max_shard_size: str, log=print) -
             t_load = time.monotonic() - t0
             tokens = probe_tokens(model)
             reference = hf_bridge.megatron_logits(chunk, tokens)
-            tensors = hf_bridge.to_hf_for(hf_bridge.full_state(chunk, model), model)
-            del chunk
+            full, padding = hf_bridge.trim_vocab(hf_bridge.full_state(chunk, model), model.vocab_size)
+            tensors = hf_bridge.to_hf_for(full, model)
+            del chunk, full
         torch_dtype = getattr(torch, dtype)
         tensors = {k: v.to(torch_dtype) for k, v in tensors.items()}
         hf = hf_model(job, tensors, dtype)
         hf.save_pretrained(str(staging), max_shard_size=max_shard_size)
         del hf, tensors
+        vocab_line = save_vocab_padding(padding, staging, model.vocab_size, job_padded_vocab(job), torch_dtype)
         tokenizer_line = copy_tokenizer(job, staging)
         t_write = time.monotonic() - t0
         back = AutoModelForCausalLM.from_pretrained(str(staging), dtype=torch.float32).eval()
         with torch.no_grad():
             got = back(tokens).logits.float()
-        check = compare_logits(reference, got)
+        check = compare_logits(reference, got)  # over the tokenizer's columns: all the HF model has
         check.update(tolerance=FP32_TOLERANCE if dtype == "float32" else None, probe_shape=list(tokens.shape))
         size = sum(p.stat().st_size for p in staging.iterdir() if p.is_file())
         record = {"run": str(src.run_dir), "run_name": job.run.name, "checkpoint": str(src.path), "step": src.step,
@@ -212,16 +218,49 @@ def export(src: Source, out: Path, dtype: str, max_shard_size: str, log=print) -
                   "bytes": size, "load_s": round(t_load, 3), "write_s": round(t_write, 3),
                   "seconds": round(time.monotonic() - t0, 3), "logits": check,
                   "skipped_newer": [[str(p), r] for p, r in src.skipped]}
+        record.update(vocab_size=model.vocab_size, padded_vocab_size=job_padded_vocab(job))
         (staging / RECORD).write_text(json.dumps(record, indent=1))
+        readable_by_group(staging, current_umask())
         if dtype == "float32" and not (check["max_abs_diff"] <= FP32_TOLERANCE and check["greedy_equal"]):
             raise Refused(EXIT_LOGITS, f"the written model does not reproduce {src.path}: max |logit difference| "
                                        f"{check['max_abs_diff']:.3g} (tolerance {FP32_TOLERANCE:g}), greedy tokens "
                                        f"{'equal' if check['greedy_equal'] else 'differ'}; nothing was kept")
         os.replace(staging, out) if not out.exists() else _into_empty(staging, out)
+        log(vocab_line)
         log(tokenizer_line)
         return record
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def save_vocab_padding(padding: dict, staging: Path, vocab: int, padded: int, dtype: Any) -> str:
+    """Write the padded rows the export cut (:data:`train.hf_bridge.VOCAB_PADDING_FILE`, for ``training.init_from``)
+    and say what happened to the vocabulary in one line."""
+    from safetensors.torch import save_file
+
+    from train.hf_bridge import VOCAB_PADDING_FILE
+
+    if not padding:
+        return f"vocabulary: {vocab} token ids, no padding to trim"
+    save_file({k: v.to(dtype).contiguous() for k, v in padding.items()}, str(staging / VOCAB_PADDING_FILE))
+    return (f"vocabulary: trimmed to the tokenizer's {vocab} ids (config.json vocab_size {vocab}); the {padded - vocab} "
+            f"padding rows of the trained {padded} are in {VOCAB_PADDING_FILE} for training.init_from")
+
+
+def current_umask() -> int:
+    """This process's umask (read by setting it and putting it back: the export is single-threaded here)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def readable_by_group(directory: Path, umask: int) -> None:
+    """Give every file of the export the mode a plain ``open()`` gives (``0o666 & ~umask``: 0644 under the usual
+    022, 0664 under a shared group's 002): the safetensors writer makes its files 0600, which teammates on a
+    shared filesystem cannot read. A private umask (077) keeps them private."""
+    for path in directory.iterdir():
+        if path.is_file():
+            path.chmod(0o666 & ~umask)
 
 
 def _into_empty(staging: Path, out: Path) -> None:

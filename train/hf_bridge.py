@@ -14,8 +14,11 @@ two Megatron fusions are split here:
   ``partition_stride`` 2, which :func:`train.megatron_model.rank_slice` follows).
 
 Megatron's RoPE rotates the two halves of each head (``rotary_interleaved=False``), as HF Llama does: no
-permutation of q/k rows is needed. The vocabulary stays padded (the padded rows are part of the softmax the
-run trained with, so a run started from the export continues with the same loss).
+permutation of q/k rows is needed. The export trims the padded vocabulary to the tokenizer's (``model.vocab_size``:
+a generating model cannot pick an id its tokenizer cannot decode) and keeps the rows it cut in
+:data:`VOCAB_PADDING_FILE`, beside the weights; an import pads back to the job's padded size with those rows (the
+padded rows are part of the softmax the run trained with, so a run started from the export continues with the same
+loss), or with zero rows for a model that has no such file.
 """
 from __future__ import annotations
 
@@ -38,6 +41,36 @@ TE_ALIASES = {"self_attention.linear_qkv.layer_norm_weight": "input_layernorm.we
               "self_attention.linear_qkv.layer_norm_bias": "input_layernorm.bias",
               "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
               "mlp.linear_fc1.layer_norm_bias": "pre_mlp_layernorm.bias"}
+
+
+VOCAB_PADDING_FILE = "slurmtron_vocab_padding.safetensors"  # the padded rows an export cut, by Megatron name
+VOCAB_ROWS = ("embedding.word_embeddings.weight", "output_layer.weight")  # the tensors with a row per token id
+
+
+def trim_vocab(full: Tensors, vocab: int) -> tuple:
+    """(``full`` with the embedding and output layer cut to the first ``vocab`` rows, the rows cut off by name)."""
+    kept, padding = dict(full), {}
+    for name in VOCAB_ROWS:
+        if name in full and full[name].shape[0] > vocab:
+            kept[name], padding[name] = full[name][:vocab], full[name][vocab:].contiguous()
+    return kept, padding
+
+
+def pad_vocab(full: Tensors, padded_vocab: int, padding: Tensors) -> Tensors:
+    """``full`` with the embedding and output layer padded back to ``padded_vocab`` rows: the rows of ``padding``
+    (what the export cut) as far as they go, zero rows after them."""
+    out = dict(full)
+    for name in VOCAB_ROWS:
+        t = out.get(name)
+        if t is None or t.shape[0] >= padded_vocab:
+            continue
+        rows = torch.zeros((padded_vocab - t.shape[0], *t.shape[1:]), dtype=t.dtype)
+        saved = padding.get(name)
+        if saved is not None and tuple(saved.shape[1:]) == tuple(t.shape[1:]):
+            n = min(rows.shape[0], saved.shape[0])
+            rows[:n] = saved[:n].to(t.dtype)
+        out[name] = torch.cat([t, rows], dim=0)
+    return out
 
 
 def local_name(gname: str) -> str:
@@ -123,7 +156,9 @@ def to_gpt2(sd: Tensors, model: Any) -> Tensors:
 
 
 def to_hf_for(sd: Tensors, model: Any) -> Tensors:
-    """The state dict of the Hugging Face class :func:`launch.hf_config.architecture` names for ``model``."""
+    """The state dict of the Hugging Face class :func:`launch.hf_config.architecture` names for ``model``, whose
+    vocabulary is the tokenizer's (``model.vocab_size``: the padded rows are cut, :func:`trim_vocab`)."""
+    sd = trim_vocab(sd, model.vocab_size)[0]
     return to_gpt2(sd, model) if hf_config.architecture(model) == hf_config.GPT2 else to_hf(sd, model)
 
 
@@ -177,6 +212,14 @@ def read_hf_weights(directory: Path) -> Tensors:
     return out
 
 
+def read_vocab_padding(directory: Path) -> Tensors:
+    """The padded rows an export cut (:data:`VOCAB_PADDING_FILE`), {} for a model without that file."""
+    from safetensors.torch import load_file
+
+    path = directory / VOCAB_PADDING_FILE
+    return load_file(str(path)) if path.exists() else {}
+
+
 class HFWeightsError(ValueError):
     """An HF directory this run cannot start from; every rank reaches the same verdict (each reads all tensors)."""
 
@@ -205,6 +248,9 @@ def read_full(directory: Path, model: Any, padded_vocab: int) -> Tensors:
     """An HF directory's weights as full Megatron tensors, each present with its shape, or HFWeightsError."""
     try:
         full = from_hf(read_hf_weights(directory), model)
+        embedding = full.get(VOCAB_ROWS[0])
+        if embedding is not None and embedding.shape[0] == model.vocab_size:  # the tokenizer's: pad it back
+            full = pad_vocab(full, padded_vocab, read_vocab_padding(Path(directory)))
     except KeyError as e:
         raise HFWeightsError(f"{directory} has no tensor {e.args[0]} (is it a LlamaForCausalLM of this shape?)")
     except (OSError, ValueError, RuntimeError) as e:
