@@ -355,6 +355,18 @@ def run_dir_problems(job: Job) -> list[Problem]:
     return out
 
 
+def checkpoint_path_problems(job: Job) -> list[Problem]:
+    """A file (or anything but a directory) where the run's checkpoint directory belongs: refused before any rank
+    starts, instead of each rank reporting the checkpoints as missing."""
+    ckpts = job.paths.checkpoints
+    if not os.path.lexists(ckpts) or os.path.isdir(ckpts):
+        return []
+    field = "cluster.checkpoint_root" if job.cluster.checkpoint_root else "run.dir" if job.run.dir else "run.name"
+    return [Problem(field, "the checkpoint directory's path holds something that is not a directory",
+                    f"{ckpts} is {'a broken symlink' if os.path.islink(ckpts) else 'a file'}",
+                    f"move it away (mv {ckpts} {ckpts}.file), then launch again")]
+
+
 def _strings(job: Job) -> list[Problem]:
     """Values rendered into ``#SBATCH`` lines or paths cannot hold newlines: a newline would end
     the directive and start a shell line. Refuse them here instead of rendering garbage."""
@@ -375,7 +387,7 @@ def _strings(job: Job) -> list[Problem]:
         if "\n" in value or "\r" in value or "\0" in value:
             out.append(Problem(name, "must be a single line (it is rendered into an #SBATCH line or a path)",
                                f"{name} = {value!r} contains a newline or NUL", f"remove the newline from {name}"))
-    out.extend(run_dir_problems(job))
+    out.extend(run_dir_problems(job) or checkpoint_path_problems(job))
     if not c.python.strip():
         out.append(Problem("cluster.python", "the compute-node interpreter is empty", "cluster.python = ''",
                            "set cluster.python=python3"))

@@ -226,6 +226,11 @@ def plan_resume(
     notices: list = []
     try:
         if not st.is_dir(root):
+            if st.exists(root):  # a file where the directory belongs: neither missing nor something to start over on
+                return ResumePlan(
+                    "refuse", "storage_error",
+                    f"the checkpoint directory {root} is a file, not a directory; nothing was started. Move it "
+                    f"away (mv {root} {root}.file), then launch again")
             if committed and not restart_from_scratch:
                 return ResumePlan(
                     "refuse", "storage_error",

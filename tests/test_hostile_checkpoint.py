@@ -313,3 +313,19 @@ def test_a_real_run_refuses_a_forged_checkpoint_and_the_payload_never_runs(tmp_p
     assert [e["event"] for e in mine][-2:] == ["quarantine", "stop"] and mine[-1]["reason"] == "unsafe_checkpoint"
     assert not any(e.get("event") == "resume" for e in second.events)
     assert "WARNING: quarantined" in second.all_logs()
+
+
+def test_a_file_where_the_checkpoint_directory_belongs_is_refused_by_name_before_any_rank(tmp_path: Path) -> None:
+    from launch.check import check
+    from launch.compose import compose_job
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "checkpoints").write_text("not a directory\n")
+    plan = plan_resume(run_dir / "checkpoints", committed=[2])
+    assert plan.action == "refuse" and plan.reason == "storage_error"
+    assert "is a file, not a directory" in plan.detail and "mounted" not in plan.detail
+    job = compose_job(["cluster=local", "model=tiny", f"run.dir={run_dir}"])
+    (p,) = [p for p in check(job) if "not a directory" in p.message]
+    assert p.field == "run.dir" and p.arithmetic == f"{run_dir / 'checkpoints'} is a file"
+    assert (run_dir / "checkpoints").read_text() == "not a directory\n"
