@@ -179,8 +179,8 @@ def projected_text(ledger: Ledger) -> str:
 def stop_text(ledger: Ledger, step: int, run_name: str) -> str:
     """The one line of a budget stop."""
     return (f"budget: {ledger.line()} at iteration {step}: stopped with a verified checkpoint, not requeued; "
-            f"to go on, raise the budget and resubmit: python launch/pretrain.py run.name={run_name} "
-            f"run.budget_gpu_hours=<more>")
+            f"to go on, resubmit the same python launch/pretrain.py command (run.name={run_name}, with its "
+            f"cluster= and every other override) adding run.budget_gpu_hours=<more>")
 
 
 def of_run(config: Optional[Mapping], events: Sequence[Mapping], allocations: Sequence[tuple] = ()) -> dict:

@@ -96,6 +96,10 @@ def test_the_guard_warns_at_each_threshold_once_then_stops_at_the_budget():
     led = guard.review(ctx, 7, *guard.local(7))
     assert led is not None and led.over and len(ctx.events) == 3
     assert spend.stop_text(led, 7, "r").startswith("budget: 1.01 process-hours of a 1 process-hours budget")
+    # no bare command that would start a new local run: the same command, with its cluster and other overrides
+    assert spend.stop_text(led, 7, "r").endswith("resubmit the same python launch/pretrain.py command (run.name=r, "
+                                                 "with its cluster= and every other override) adding "
+                                                 "run.budget_gpu_hours=<more>")
 
 
 def _run_dir(tmp_path: Path, overrides: list, events: list) -> tuple:
