@@ -33,7 +33,8 @@ EXIT_CODES: tuple[ExitCode, ...] = (
              "an exception; `recovery.crash` (Slurm) or the local launcher starts another attempt, bounded by the "
              "zero-progress guard and `training.max_restarts`"),
     ExitCode("EXIT_ZERO_PROGRESS", 3, True, "zero_progress",
-             "refused to start: `training.zero_progress_restarts` consecutive restarts made no new checkpoint"),
+             "refused to start: `training.zero_progress_restarts` consecutive restarts made no new checkpoint, or "
+             "failed before their first step (an import, the process group join: `startup/`)"),
     ExitCode("EXIT_MAX_RESTARTS", 4, True, "max_restarts",
              "refused to start: restart count above `training.max_restarts`"),
     ExitCode("EXIT_NO_LOADABLE", 5, True, "no_loadable_checkpoint",

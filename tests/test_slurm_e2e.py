@@ -234,6 +234,21 @@ def crash_loop(cluster: Cluster, d: Path) -> Run:
     return finish(cluster, run, timeout=2 * TRAIN_TIMEOUT)
 
 
+def no_megatron(cluster: Cluster, d: Path) -> Run:
+    """Megatron-Core unimportable on every node: a PYTHONPATH directory (exported by the batch script, ahead of the
+    code directory) whose ``megatron.core`` raises ModuleNotFoundError. Each attempt fails before its first step
+    (recorded under startup/), the batch script requeues it (recovery/crash.py), and the start-up rule refuses the
+    attempt after training.zero_progress_restarts of them: exit 3, final, no further requeue."""
+    broken = d / "nomegatron_site"
+    (broken / "megatron" / "core").mkdir(parents=True)
+    (broken / "megatron" / "__init__.py").write_text("")
+    (broken / "megatron" / "core" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'megatron.core'\", name='megatron.core')\n")
+    run = submit(cluster, d / "nomegatron", *PAIR, "run.time_limit_min=10", "training.zero_progress_restarts=2",
+                 f"+cluster.env.PYTHONPATH={broken}:{REPO}")
+    return finish(cluster, run)
+
+
 def rank_pid(job_id: str, procid: int) -> Optional[int]:
     """The pid of the training rank (not its watcher) with this job id and SLURM_PROCID, from /proc."""
     for p in Path("/proc").iterdir():
@@ -505,6 +520,7 @@ SCENARIOS: Dict[str, Callable[[Cluster, Path], object]] = {  # two at a time, in
     "time_limit": time_limit,  # a 3-minute slice, then the rerun: about 3.5 minutes
     "completes": completes,  # the reference losses of the tests that compare
     "crash_loop": crash_loop,
+    "no_megatron": no_megatron,
     # then the longest first, so that the pool's slots end together (seen at load ~10: 2.5 to 1 minutes)
     "in_job": in_job,
     "node_down": node_down,
@@ -535,6 +551,7 @@ NEEDS = {  # test -> the scenarios it reads; only those of the selected tests ru
     "test_preemption_sigterm_checkpoint_within_grace_then_resume": ["preemption", "completes"],
     "test_preemption_before_the_first_step_requeues_and_completes": ["preempted_at_start", "completes"],
     "test_deterministic_crash_loop_is_stopped_by_the_zero_progress_guard": ["crash_loop"],
+    "test_unimportable_megatron_is_requeued_only_until_the_start_up_rule_stops_it": ["no_megatron"],
     "test_sigstopped_rank_is_a_hang_detected_named_and_requeued": ["hang", "completes"],
     "test_sweep_skips_invalid_layout_submits_the_rest_and_detaches": ["sweep"],
     "test_scancel_cancels_without_requeue_after_a_stop_checkpoint": ["user_cancel"],
@@ -745,6 +762,21 @@ def test_deterministic_crash_loop_is_stopped_by_the_zero_progress_guard(scenario
     assert stops[-1]["code"] == 3
     assert run.step_reached() == 2  # step 3 never completed; no checkpoint was ever written
     assert not run.of("checkpoint_saved")
+
+
+def test_unimportable_megatron_is_requeued_only_until_the_start_up_rule_stops_it(scenarios: Dict[str, Future]) -> None:
+    run = result(scenarios, "no_megatron")
+    # attempts 0 and 1 failed to start and were requeued; attempt 2 was refused by the start-up rule (exit 3, final)
+    assert states(run) == ["REQUEUED", "REQUEUED", "FAILED"], run.logs()
+    assert run.restarts == 2  # training.zero_progress_restarts requeues, not one more
+    stops = [(e["restart_count"], e["reason"]) for e in run.of("stop") if e.get("rank") == 0]
+    assert stops == [(0, "crash"), (1, "crash"), (2, "zero_progress")], run.logs()
+    assert "megatron is not importable on node" in run.of("stop")[-1]["detail"]
+    failed = sorted(p.name for p in (run.dir / "startup").iterdir())
+    assert failed == [f"{run.job_id}_{a}_rank{r}.json" for a in (0, 1) for r in (0, 1)]
+    assert {e["error"] for e in run.of("startup_failed")} == {"ModuleNotFoundError: No module named 'megatron.core'"}
+    said = "".join(f.read_text(errors="replace") for f in (run.dir / "logs").glob("*.out"))
+    assert "Traceback" not in said and said.count("megatron is not importable on node") == 2, run.logs()  # 2 ranks
 
 
 def test_sigstopped_rank_is_a_hang_detected_named_and_requeued(scenarios: Dict[str, Future]) -> None:

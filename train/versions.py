@@ -33,7 +33,8 @@ from packaging.version import InvalidVersion, Version
 from launch.kinds import EventKind
 from launch.paths import RunPaths
 from recovery.events import EventLog
-from recovery.policy import EXIT_UNSUPPORTED, restart_count_from_env
+from launch.attempts import ATTEMPT_ENV
+from recovery.policy import EXIT_UNSUPPORTED, attempt_from_env, restart_count_from_env
 
 # distribution name -> tested range; pyproject.toml's [train] extra says the same (a test checks)
 SUPPORTED = {
@@ -154,8 +155,12 @@ def refuse_unsupported(run_dir: Path, env: Mapping[str, str], precision: str = "
         restart = restart_count_from_env(env)
     except ValueError:
         restart = 0
+    try:  # the attempt's number in the run where the local launcher numbered it (launch/attempts.py)
+        attempt = attempt_from_env(env) if env.get(ATTEMPT_ENV) not in (None, "") else None
+    except ValueError:
+        attempt = None
     events = EventLog(RunPaths.of(run_dir).events, rank=rank, job_id=env.get("SLURM_JOB_ID"),
-                      restart_count=restart, enabled=rank == 0)
+                      restart_count=restart, enabled=rank == 0, attempt=attempt)
     events.emit(EventKind.STOP, reason="unsupported_software", code=EXIT_UNSUPPORTED, detail=line)
     events.emit(EventKind.EXIT, reason="unsupported_software", code=EXIT_UNSUPPORTED, step=None)
     return EXIT_UNSUPPORTED
