@@ -108,12 +108,15 @@ def test_export_extra_is_in_the_test_extra_and_off_the_base(metadata: str) -> No
 
 
 def test_readme_commands_and_ci_agree() -> None:
+    """.ci/run runs the README's two commands, as written and in order (the first in a fresh venv)."""
     readme = (REPO / "README.md").read_text()
-    ci = (REPO / ".ci" / "run").read_text().strip().splitlines()[-1]
+    ci = [ln.strip() for ln in (REPO / ".ci" / "run").read_text().splitlines()]
     quick = readme.split("## Quickstart", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
-    commands = [ln for ln in quick.splitlines() if ln.strip() and not ln.startswith("#")]
+    commands = [ln.strip() for ln in quick.splitlines() if ln.strip() and not ln.startswith("#")]
     assert len(commands) == 2
-    assert commands[1].strip() == ci
+    assert all(c in ci for c in commands), (commands, ci)
+    assert ci.index(commands[0]) < ci.index(commands[1])
+    assert ci[ci.index(commands[0]) - 1] == '. "$venv/bin/activate"'
     assert all("-c constraints/cpu.txt" in c for c in commands)
 
 
