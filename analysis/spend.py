@@ -18,9 +18,11 @@ ranks stop the run (reason ``budget``) once the spend reaches it. Pure functions
 from __future__ import annotations
 
 import math
+import sys
+from datetime import datetime
 import re
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from launch.kinds import EventKind
 
@@ -79,14 +81,31 @@ def tres_gpus(alloc_tres: str) -> Optional[int]:
     return sum(int(x) for x in typed) if typed else None
 
 
-SACCT_FORMAT = "JobID,ElapsedRaw,AllocTRES,State"  # what :func:`sacct_spans` reads (``sacct -X -D -n -P``)
+SACCT_FORMAT = "JobID,ElapsedRaw,AllocTRES,State,Start,End"  # what :func:`sacct_spans` reads (``sacct -X -D -n -P``)
 
 
-def sacct_spans(text: str, *, world_size: int = 0) -> list[tuple]:
-    """``(GPUs, seconds)`` of every allocation in ``sacct -X -D -n -P --format=JobID,ElapsedRaw,AllocTRES,State``
-    output (every attempt of a requeued job is its own row); a pending row (no elapsed time) is no span, a row
-    without a GPU count in AllocTRES counts ``world_size``. Lines that are not such rows are skipped."""
-    spans = []
+def warning(line: str) -> None:
+    """How the login side and the ranks say an accounting row was not taken as Slurm gave it: a WARNING line."""
+    print(f"WARNING: {line}", file=sys.stderr, flush=True)
+
+
+def _when(text: str) -> Optional[float]:
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+def sacct_spans(text: str, *, world_size: int = 0, warn: Callable[[str], None] = lambda _line: None) -> list[tuple]:
+    """``(GPUs, seconds)`` of every allocation in ``sacct -X -D -n -P --format=`` :data:`SACCT_FORMAT` output
+    (every attempt of a requeued job is its own row, oldest first); a pending row (no elapsed time) is no span, a
+    row without a GPU count in AllocTRES counts ``world_size``. Lines that are not such rows are skipped.
+
+    A *phantom* row: an attempt whose End is ``Unknown`` although a later attempt of the same job exists, or although
+    it is not running (Slurm 22.05 leaves one when a ``--no-kill`` job that lost nodes is requeued; its elapsed time
+    keeps growing after the job has ended). Its time is capped at the next attempt's start (counted to there) or,
+    with nothing to cap it by, not counted; either way with one ``warn`` line."""
+    rows = []
     for line in (text or "").splitlines():
         cols = line.strip().split("|")
         if len(cols) < 3 or "." in cols[0]:  # a step (123.batch), not an allocation
@@ -95,9 +114,22 @@ def sacct_spans(text: str, *, world_size: int = 0) -> list[tuple]:
             seconds = float(cols[1])
         except ValueError:
             continue
+        rows.append(cols + [""] * (6 - len(cols)))
+    spans = []
+    for i, (job, _elapsed, tres, state, start, end, *_rest) in enumerate(rows):
+        seconds = float(rows[i][1])
+        later = next((r for r in rows[i + 1:] if r[0] == job), None)
+        if end.strip() == "Unknown" and (later is not None or not state.startswith("RUNNING")):
+            t0, t1 = _when(start), _when(later[4]) if later is not None else None
+            capped = t1 - t0 if t0 is not None and t1 is not None and 0 <= t1 - t0 < seconds else None
+            warn(f"sacct: job {job}'s attempt that started {start or '?'} ({state}) has End=Unknown after "
+                 + ("a later attempt started" if later is not None else "it stopped running")
+                 + f" (its elapsed time {seconds:.0f} s keeps growing): "
+                 + (f"counted up to the next attempt's start, {capped:.0f} s" if capped is not None else "not counted"))
+            seconds = capped or 0.0
         if seconds <= 0:
             continue
-        gpus = tres_gpus(cols[2])
+        gpus = tres_gpus(tres)
         spans.append((gpus if gpus is not None else world_size, seconds))
     return spans
 

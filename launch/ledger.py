@@ -38,7 +38,7 @@ def spent(job: Job, run_dir: Path, *, runner: Runner = default_runner, now: Opti
     ids = [str(s["job_id"]) for s in read_events(paths.submissions) if s.get("job_id")]
     if ids and job.cluster.launcher == "slurm":
         r = Slurm(runner).sacct(list(dict.fromkeys(ids)), "-X", "-D", "-n", "-P", f"--format={spend.SACCT_FORMAT}")
-        spans = spend.sacct_spans(r.out, world_size=job.world_size) if r.ok else []
+        spans = spend.sacct_spans(r.out, world_size=job.world_size, warn=spend.warning) if r.ok else []
         if spans:
             return spend.hours(spans), "sacct"
     at = (now if now is not None else time.time()) if running else None

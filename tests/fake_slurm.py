@@ -11,7 +11,7 @@ the way Slurm 22.05 does on the local test cluster, keeping one job's state:
   expected start on stderr; after ``max_jobs`` jobs it refuses with ``fail_words`` (a QOS limit);
 * ``squeue -j`` lists the job ``queue_polls`` times, calls ``on_leave`` once, then lists nothing.
 
-``usage`` holds the rows of the spend ledger's ``sacct --format=JobID,ElapsedRaw,AllocTRES,State``.
+``usage`` holds the rows of the spend ledger's ``sacct --format=`` (``analysis.spend.SACCT_FORMAT``).
 ``fields`` adds words to ``scontrol -o show job`` (``Reason=``, ``Restarts=``, ``PreemptTime=``,
 ``EndTime=``); ``accounting`` is what ``sacct -X -o State`` says (None: accounting disabled, rc 1).
 
@@ -27,6 +27,8 @@ from __future__ import annotations
 import re
 import subprocess
 from typing import Callable, Iterable, Optional
+
+from analysis.spend import SACCT_FORMAT
 
 
 def expand(nodelist: str) -> list[str]:
@@ -128,8 +130,8 @@ class FakeSlurm:
             if self.accounting is None:
                 return self._done(argv, 1, "", "sacct: error: Slurm accounting storage is disabled")
             return self._done(argv, 0, f"{self.accounting}\n")
-        if any(a.endswith("JobID,ElapsedRaw,AllocTRES,State") for a in argv):  # the spend ledger (analysis/spend.py)
-            return self._done(argv, 0, "".join(f"{self.job_id}|{e}|{t}|{s}\n" for e, t, s in self.usage))
+        if f"--format={SACCT_FORMAT}" in argv:  # the spend ledger (analysis/spend.py); Start and End left empty
+            return self._done(argv, 0, "".join(f"{self.job_id}|{e}|{t}|{s}||\n" for e, t, s in self.usage))
         rows = [f"{self.job_id}|{s}|{n}|{a}|{b}" for s, n, a, b in self.attempts]
         return self._done(argv, 0, "\n".join(rows) + "\n")
 

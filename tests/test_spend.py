@@ -41,6 +41,25 @@ def test_sacct_spans_read_every_allocation_with_its_gpus_and_skip_steps_and_pend
     ])
     assert spend.sacct_spans(text, world_size=4) == [(8, 3600.0), (8, 1800.0), (4, 600.0)]
     assert spend.tres_gpus("cpu=8,gres/gpu:h100=4,node=1") == 4
+    assert spend.SACCT_FORMAT.startswith("JobID,ElapsedRaw,AllocTRES,State")
+
+
+def test_a_phantom_accounting_row_is_capped_at_the_next_attempt_or_not_counted_with_a_warning():
+    """Slurm 22.05: a --no-kill job that lost nodes, then requeued, keeps a row with End=Unknown whose elapsed time
+    grows after the job ended. Counted as it stands, it would stop a run with a budget early, growing by the hour."""
+    tres = "billing=16,cpu=16,gres/gpu=8,node=1"
+    text = "\n".join([
+        f"101|86400|{tres}|NODE_FAIL|2026-12-07T10:00:00|Unknown",  # the phantom: 'a day' and counting
+        f"101|1800|{tres}|COMPLETED|2026-12-07T10:30:00|2026-12-07T11:00:00",
+        f"102|7200|{tres}|CANCELLED by 0|2026-12-07T12:00:00|Unknown",  # not running, nothing after it
+        f"103|600|{tres}|RUNNING|2026-12-07T13:00:00|Unknown",  # the attempt running now: counted as it is
+    ])
+    lines = []
+    assert spend.sacct_spans(text, world_size=8, warn=lines.append) == [(8, 1800.0), (8, 1800.0), (8, 600.0)]
+    assert len(lines) == 2
+    assert "job 101's attempt that started 2026-12-07T10:00:00 (NODE_FAIL) has End=Unknown after a later attempt " \
+           "started" in lines[0] and lines[0].endswith("counted up to the next attempt's start, 1800 s")
+    assert "job 102" in lines[1] and lines[1].endswith("not counted")
     assert spend.tres_gpus("cpu=8") is None
 
 

@@ -32,7 +32,7 @@ def baseline(job: Any, paths: Any, env: Any, *, runner: Optional[Callable[..., A
         ids = [str(s["job_id"]) for s in read_events(paths.submissions) if s.get("job_id")]
         ids = list(dict.fromkeys(ids + [str(job_id)]))
         r = Slurm(runner or default_runner).sacct(ids, "-X", "-D", "-n", "-P", f"--format={spend.SACCT_FORMAT}")
-        spans = spend.sacct_spans(r.out, world_size=world) if r.ok else []
+        spans = spend.sacct_spans(r.out, world_size=world, warn=spend.warning) if r.ok else []
         if spans:
             return spend.hours(spans), "sacct"
     return spend.hours(spend.event_spans(read_events(paths.events), now=now, world_size=world)), "events"
