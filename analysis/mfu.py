@@ -123,7 +123,7 @@ def with_event_times(it: pd.DataFrame, events: Optional[list]) -> pd.DataFrame:
         step, sec, rank = e.get("step"), e.get("seconds"), e.get("rank")
         if isinstance(rank, (int, float)) and rank == rank and int(rank) != 0:
             continue
-        if isinstance(step, (int, float)) and not isinstance(step, bool) and step == step \
+        if isinstance(step, (int, float)) and not isinstance(step, bool) and np.isfinite(step) \
                 and isinstance(sec, (int, float)) and not isinstance(sec, bool) and np.isfinite(sec) and sec > 0:
             times.setdefault(int(step), []).append(float(sec))
     if not times or it.empty or "iteration" not in it or "elapsed_ms" not in it:

@@ -1,5 +1,6 @@
 """TensorBoard and W&B from a real Megatron-Core run that crashes and is restarted from its checkpoint:
-read back with TensorBoard's own ``EventAccumulator``, one point per step, no duplicates."""
+read back with TensorBoard's own ``EventAccumulator``, one point per step, no duplicates; and the run's throughput
+figures of that run, the same in the rank's line, status.py, TensorBoard, summary.json, report.md and the HTML."""
 from __future__ import annotations
 
 import json
@@ -19,10 +20,9 @@ BASE = [f"training.train_iters={ITERS}", "training.checkpoint_interval=4", "trai
 
 @pytest.fixture(scope="module")
 def restarted(tmp_path_factory):
-    """One run that crashes at step 7 and is restarted from its step-4 checkpoint (shared by this module's tests:
-    tests/test_throughput_views.py reads the same run)."""
-    pytest.importorskip("tensorboard")
-    pytest.importorskip("wandb")
+    """One run that crashes at step 7 and is restarted from its step-4 checkpoint, trained once for this module's
+    tests (TensorBoard and W&B across the restart; the run's figures in all six views)."""
+    pytest.importorskip("tensorboard")  # without wandb installed the run trains on and says so (tracking_unavailable)
     run = tmp_path_factory.mktemp("restarted") / "run"
     env = {"WANDB_SILENT": "true", "WANDB_MODE": "offline"}
     first = train(run, BASE, world=1, attempt=0, timeout=300, extra_env={**env, "SLURMTRON_TEST_FAIL_AT_ITER": "7"})
@@ -31,6 +31,7 @@ def restarted(tmp_path_factory):
 
 
 def test_tensorboard_and_wandb_continue_across_a_restart(restarted):
+    pytest.importorskip("wandb")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run, first, second = restarted
