@@ -8,8 +8,8 @@ everywhere.
 * :func:`attempt_count`: the run's attempts as :func:`launch.attempts.attempt_keys` defines them (the one
   definition the launcher and ``status`` use too): every ``(job, attempt)`` its events know, an attempt that
   failed before its first step included.
-* :func:`tokens_per_s`: the median over the run's steady steps (each attempt's first
-  :data:`WARMUP_STEPS` logged steps are warm-up), the basis of the per-attempt table too.
+* The run's step time, tokens/s, TFLOP/s and MFU are :mod:`analysis.throughput`'s (no pandas: the ranks show
+  them too).
 
 No torch; ``launch/`` (status) imports this on the login node.
 """
@@ -18,11 +18,9 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable, Mapping, Optional
 
-from analysis.mfu import _steady, layout_label
+from analysis.mfu import layout_label
 from launch.kinds import EventKind
 from launch import attempts
-
-WARMUP_STEPS = 2  # analysis.mfu.attempt_summary's default: the per-attempt table uses the same steps
 
 
 def layout_of(event: Mapping[str, Any]) -> Optional[str]:
@@ -53,15 +51,6 @@ def run_layout(events: Iterable[Mapping[str, Any]], default: Optional[str] = Non
     """The layout of the run's latest attempt (``default``, the config's label, before any attempt started)."""
     starts = _starts(events)
     return (layout_of(starts[-1]) if starts else None) or default
-
-
-def tokens_per_s(metrics: Any, warmup: int = WARMUP_STEPS) -> Optional[float]:
-    """Median tokens/s over the run's steady steps (None without a logged step)."""
-    if metrics is None or len(metrics) == 0 or "tokens_per_s" not in metrics:
-        return None
-    steady = _steady(metrics, warmup)
-    value = (steady if len(steady) else metrics)["tokens_per_s"].median()
-    return None if value is None or value != value else float(value)
 
 
 def _median(xs: list) -> Optional[float]:
