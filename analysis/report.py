@@ -29,7 +29,7 @@ from analysis.mfu import (
     straggler_flags, with_event_times,
 )
 from analysis import throughput
-from analysis.document import counts, csv_safe, num, pct, to_html, to_markdown
+from analysis.document import counts, csv_safe, num, to_html, to_markdown
 from analysis.plots import MEMORY_SERIES, plot_goodput, plot_loss_by_step, plot_memory, plot_mfu_by_layout, plot_timeline
 from analysis.slice_end import report_line
 from launch.kinds import Cause, EventKind
