@@ -9,6 +9,11 @@ builds the model, resumes and trains (:mod:`train.train_loop`, with a
 :class:`train.checkpointer.Checkpointer` for every save). A stop signal only sets a flag; at the next step
 boundary all ranks agree, save, commit, and exit 42 after rank 0 asked for a requeue.
 
+Start-up: before its heavy imports every rank applies the start-up rule
+(:func:`recovery.policy.startup_decision`: exit 3 after ``training.zero_progress_restarts`` attempts that failed
+before their first step); a failure before the start decision (an import, the version check, the process group
+join) is recorded under ``startup/`` (:mod:`recovery.startup_failures`), said in one line and exits 1.
+
 Exit codes: the one table is :data:`recovery.exit_codes.EXIT_CODES` (name, code, final or not, meaning;
 ``docs/recovery.md`` shows it). From it: 0 completed, 1 crash, 3 zero-progress guard, 4 max restarts, 5 no
 loadable checkpoint, 6 foreign checkpoint, 7 storage error, 8 disk full, 9 run locked, 10 unsupported software,
@@ -71,7 +76,7 @@ from launch import attempts
 from recovery import exclusion, policy, startup_failures
 from recovery import stop as stopping
 from recovery.events import EventLog, read_events
-from recovery.exit_codes import EXIT_CRASH, EXIT_ZERO_PROGRESS
+from recovery.exit_codes import EXIT_CRASH
 from recovery.hang_report import Limits
 from recovery.policy import (
     EXIT_BAD_CONFIG, EXIT_BUDGET, EXIT_COMPLETED, EXIT_NAN, EXIT_OOM, EXIT_REPLAY_MISMATCH, EXIT_STORAGE, FINAL_REASONS,
@@ -198,9 +203,9 @@ def _startup_failed(paths: RunPaths, env: Mapping[str, str], e: BaseException, t
     host = dist_env.node_name(env)
     try:
         rank, restart, attempt = dist_env.rank_of(env), restart_count_from_env(env), policy.attempt_from_env(env)
-        where = startup_failures.record_startup_failure(paths.run_dir, job_id=env.get("SLURM_JOB_ID"), attempt=attempt,
-                                                restart_count=restart, rank=rank, host=host, error=error, phase=phase,
-                                                traceback=tb)
+        where = startup_failures.record_startup_failure(
+            paths.run_dir, job_id=env.get("SLURM_JOB_ID"), attempt=attempt, restart_count=restart, rank=rank,
+            host=host, error=error, phase=phase, traceback=tb)
         log = EventLog(paths.events, rank=rank, job_id=env.get("SLURM_JOB_ID"), restart_count=restart,
                        attempt=_numbered(env))
         log.emit(EventKind.STARTUP_FAILED, host=host, error=error, phase=phase, record=str(where))
