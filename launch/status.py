@@ -155,7 +155,8 @@ def format_sweep(rows: list[dict]) -> str:
             continue
         step = f"{st['step'] or 0}/{st['target']}" if st.get("target") else str(st.get("step") or "-")
         table.append((r["run_name"], st.get("layout", ""), st["state"], st.get("job_id") or "-", step,
-                      _pct(st.get("mfu_now")) if st.get("mfu_now") is not None else "-",
+                      throughput.pct_text((st.get("throughput") or {}).get("mfu"))  # the run's figure
+                      if (st.get("throughput") or {}).get("mfu") is not None else "-",
                       (st.get("reason") or "")[:60]))
     widths = [max(len(str(row[i])) for row in table) for i in range(len(head))]
     return "\n".join("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip() for row in table)
