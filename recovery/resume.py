@@ -312,6 +312,17 @@ def plan_resume(
                           f"training.restart_from_scratch=true (they are moved to {root / QUARANTINE_DIR}, "
                           f"not deleted)", notices=notices)
     if committed and not res.skipped:
+        try:
+            moved = [name for name, _why in list_quarantine(root, storage=st)]
+        except OSError:
+            moved = []
+        if moved:  # every checkpoint was quarantined: say where they are and how one comes back
+            q = root / QUARANTINE_DIR
+            return ResumePlan("refuse", "storage_error",
+                              f"{root} holds no checkpoint: every one was moved to {q} ({', '.join(moved[-3:])}; "
+                              f"`python -m recovery.resume {root}` lists why). Nothing was started; to resume from "
+                              f"one, move it back (mv {q / moved[-1]} {root / moved[-1].split('.')[0]}); to start "
+                              f"over deliberately set training.restart_from_scratch=true")
         return ResumePlan("refuse", "storage_error",
                           f"{root} holds no checkpoint, but the event log records committed checkpoints (steps "
                           f"{', '.join(str(s) for s in committed[-3:])}): were they moved, deleted, or is this "

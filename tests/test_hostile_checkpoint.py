@@ -329,3 +329,16 @@ def test_a_file_where_the_checkpoint_directory_belongs_is_refused_by_name_before
     (p,) = [p for p in check(job) if "not a directory" in p.message]
     assert p.field == "run.dir" and p.arithmetic == f"{run_dir / 'checkpoints'} is a file"
     assert (run_dir / "checkpoints").read_text() == "not a directory\n"
+
+
+def test_the_refusal_after_every_checkpoint_was_quarantined_says_where_and_how_to_restore(root: Path) -> None:
+    from recovery.quarantine import quarantine
+
+    ckpt = real_checkpoint(root, 2)
+    moved = quarantine(root, ckpt, "replay mismatch: test")
+    plan = plan_resume(root, committed=[2])
+    assert plan.action == "refuse" and plan.reason == "storage_error"
+    assert f"every one was moved to {root / 'quarantine'} ({moved.name}" in plan.detail
+    assert f"mv {moved} {root / 'iter_0000002'}" in plan.detail and "were they moved" not in plan.detail
+    os.rename(moved, root / "iter_0000002")  # doing what it says resumes
+    assert plan_resume(root, committed=[2]).step == 2

@@ -134,3 +134,33 @@ def test_another_layout_matches_within_the_tolerance(lost, tmp_path):
     (match,) = of(mine(res), "replay_match")
     assert match["mode"] == "tolerance" and match["policy"] == "warn" and match["max_rel"] < 1e-3
     assert "within the relative tolerance" in match["detail"]
+
+
+def test_one_edited_logged_loss_costs_at_most_one_checkpoint_over_every_launch(lost, tmp_path):
+    """A digit of the logged loss of step 5 changed in events.jsonl, then two attempts under rollback: the first
+    quarantines iter_4 and, the mismatch repeating from iter_2, stops (exit 16); the second stops at the same
+    evidence without quarantining iter_2, so the run keeps a verified checkpoint to resume from."""
+    run = tmp_path / "run"
+    shutil.copytree(lost.run_dir, run)
+    write_job(run, BASE + ["cluster.gpus_per_node=1", f"run.dir={run}", "training.replay.on_mismatch=rollback"])
+    events = RunPaths.of(run).events
+    lines = events.read_text().splitlines()
+    for i, line in enumerate(lines):
+        e = json.loads(line)
+        if e.get("event") == "iteration" and e.get("step") == 5:
+            loss = str(e["loss"])
+            e["loss"] = type(e["loss"])(loss[:-1] + ("1" if loss[-1] != "1" else "2"))
+            lines[i] = json.dumps(e)
+    events.write_text("\n".join(lines) + "\n")
+    root = RunPaths.of(run).checkpoints
+    first = train(run, [], world=1, attempt=1)
+    assert first.codes == [EXIT_REPLAY_MISMATCH], first.all_logs()
+    assert [name.split(".")[0] for name, _ in list_quarantine(root)] == ["iter_0000004"]
+    second = train(run, [], world=1, attempt=2)
+    assert second.codes == [EXIT_REPLAY_MISMATCH], second.all_logs()
+    assert [name.split(".")[0] for name, _ in list_quarantine(root)] == ["iter_0000004"]  # nothing more moved
+    assert (root / "iter_0000002").is_dir()
+    (stop,) = [e for e in of(second.events, "stop") if e.get("restart_count") == 2]
+    assert "already had a checkpoint quarantined in an earlier attempt" in stop["detail"]
+    assert "quarantine" in stop["detail"] and not of([e for e in second.events if e.get("restart_count") == 2],
+                                                     "replay_rollback")

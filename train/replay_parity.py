@@ -56,8 +56,12 @@ class ReplayParity:
         self.limit, self.rtol, self.configured = int(r.check_steps), float(r.rtol), r.on_mismatch
         self.numerics, self.recipe = numerics_of(ctx.job, ctx.world, bool(ctx.cuda)), recipe_of(ctx.job)
         self.table: dict[int, Logged] = {}
+        self.rolled_back: set = set()  # steps whose logged record already cost a checkpoint (earlier attempts)
         if ctx.is_first and self.limit > 0:  # read before this attempt logs a step: every record is an earlier one
-            self.table = logged_steps(read_events(ctx.paths.events))
+            events = read_events(ctx.paths.events)
+            self.table = logged_steps(events)
+            self.rolled_back = {e["step"] for e in events if e.get("event") == EventKind.REPLAY_ROLLBACK
+                                and isinstance(e.get("step"), int) and not isinstance(e.get("step"), bool)}
         self.rollbacks = 0
         self.detail = ""
         self.check: Optional[ReplayCheck] = None
@@ -69,8 +73,9 @@ class ReplayParity:
         if self.ctx.is_first:
             steps = sorted(s for s in self.table if s > start)[:max(0, self.limit)]
             mode, why = expectation([self.table[s] for s in steps], self.numerics, self.recipe)
-            payload = ({s: self.table[s] for s in steps}, mode, why)
-        todo, mode, why = broadcast(payload)
+            payload = ({s: self.table[s] for s in steps}, mode, why, sorted(self.rolled_back))
+        todo, mode, why, rolled_back = broadcast(payload)
+        self.rolled_back = set(rolled_back)
         self.check = ReplayCheck(todo, start, self.limit, mode=mode, rtol=self.rtol, policy=self.configured)
         if todo and mode == "off":
             self.ctx.log(f"replay check off: {why}")
@@ -108,6 +113,14 @@ class ReplayParity:
             return ""
         if v.policy == "rollback" and self.rollbacks >= MAX_ROLLBACKS:
             self.detail = f"{line}; {self.rollbacks} rollback(s) already done in this attempt: stopping"
+            return "stop"
+        step = v.diffs[0].step if v.diffs else v.steps[-1]
+        if v.policy == "rollback" and step in self.rolled_back:  # the same evidence never costs a second checkpoint
+            self.detail = (f"{line}; the logged record of step {step} already had a checkpoint quarantined in an "
+                           f"earlier attempt (a replay_rollback event), so the log itself may be wrong (an edited "
+                           f"events.jsonl?): stopping instead of quarantining another. Compare the logged losses "
+                           f"with the rank logs; {ctx.paths.checkpoints / 'quarantine'} holds what was moved (mv "
+                           f"it back to resume from it)")
             return "stop"
         return v.policy
 
