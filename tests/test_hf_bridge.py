@@ -135,6 +135,40 @@ def test_export_refuses_a_model_without_hf_equivalent_and_a_run_without_checkpoi
     assert "never overwrites" in capsys.readouterr().err and (tmp_path / "full" / "x").read_text() == "keep"
 
 
+@pytest.mark.parametrize("size", ["0", "garbage", "0.0GB", "1.5 parsecs"])
+def test_export_refuses_a_bad_shard_size_before_any_load(tmp_path, capsys, size):
+    """No run, no checkpoint: a bad --max-shard-size is refused first (it used to be found after the whole load)."""
+    from train import export
+
+    assert export.main([str(tmp_path / "nowhere"), "--out", str(tmp_path / "out"), "--max-shard-size", size]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: --max-shard-size {size!r} is not a size > 0") and not (tmp_path / "out").exists()
+
+
+def test_export_refuses_an_out_it_cannot_create_before_any_load(tmp_path, capsys, monkeypatch):
+    from train import export
+
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    (tiny / "config.yaml").write_text(job_to_yaml(compose_job([*TINY, f"run.dir={tiny}"])))
+    (tmp_path / "afile").write_text("x")
+    assert export.main([str(tiny), "--out", str(tmp_path / "afile" / "hf")]) == 7
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == f"error: --out {tmp_path / 'afile' / 'hf'}: {tmp_path / 'afile'} is not a directory; nothing was " \
+                   "loaded or written"
+    assert export.shard_bytes("5GB") == 5 * 10**9 and export.shard_bytes("2GiB") == 2**31
+    assert export.shard_bytes("1000") == 1000
+    real = export.os.statvfs
+
+    class ReadOnly:  # what statvfs says of a read-only mount (root may write anywhere else)
+        def __init__(self, path):
+            self.f_flag = real(path).f_flag | export.os.ST_RDONLY
+
+    monkeypatch.setattr(export.os, "statvfs", ReadOnly)
+    assert export.main([str(tiny), "--out", str(tmp_path / "ro" / "hf")]) == 7
+    assert "is on a read-only filesystem" in capsys.readouterr().err and not (tmp_path / "ro").exists()
+
+
 
 def test_weights_a_rank_cannot_use_are_one_line_for_every_rank(tmp_path):
     torch = pytest.importorskip("torch")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import os
 import shutil
 import sys
@@ -263,6 +264,38 @@ def readable_by_group(directory: Path, umask: int) -> None:
             path.chmod(0o666 & ~umask)
 
 
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KIB|MIB|GIB|TIB)?\s*$", re.IGNORECASE)
+_UNIT = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20,
+         "GIB": 2**30, "TIB": 2**40}
+
+
+def shard_bytes(text: str) -> Optional[int]:
+    """``--max-shard-size`` in bytes (what transformers reads: ``5GB``, ``500MB``, ``2GiB``, a byte count), or None
+    when it is not a size > 0."""
+    m = _SIZE.match(str(text))
+    if not m:
+        return None
+    n = int(float(m.group(1)) * _UNIT[(m.group(2) or "").upper()])
+    return n if n > 0 else None
+
+
+def cannot_write(out: Path) -> Optional[str]:
+    """Why the export could not create ``out`` (its nearest existing parent is not a writable directory), or None."""
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{parent} is not writable by this user"
+    try:
+        if os.statvfs(parent).f_flag & os.ST_RDONLY:
+            return f"{parent} is on a read-only filesystem"
+    except OSError:
+        pass
+    return None
+
+
 def _into_empty(staging: Path, out: Path) -> None:
     out.rmdir()  # checked empty before the export began
     os.replace(staging, out)
@@ -289,11 +322,19 @@ def main(argv: Optional[list] = None, env: Optional[dict] = None) -> int:
     except RunDirError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if shard_bytes(args.max_shard_size) is None:  # checked before the load, not after it
+        print(f"error: --max-shard-size {args.max_shard_size!r} is not a size > 0 (e.g. 5GB, 500MB or a byte count)",
+              file=sys.stderr)
+        return 2
     out = Path(args.out).expanduser().resolve()
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         print(f"error: --out {out} exists and is not an empty directory; an export never overwrites: give a new "
               f"directory", file=sys.stderr)
         return 2
+    unwritable = cannot_write(out)
+    if unwritable:
+        print(f"error: --out {out}: {unwritable}; nothing was loaded or written", file=sys.stderr)
+        return policy.EXIT_STORAGE
     try:
         src = find_source(run_dir, args.step, env)
         for path, reason in src.skipped:
@@ -306,6 +347,10 @@ def main(argv: Optional[list] = None, env: Optional[dict] = None) -> int:
     except Refused as e:
         print(f"error: {e}", file=sys.stderr)
         return e.code
+    except OSError as e:  # the disk filled, or the directory changed under the export: the staging is removed
+        print(f"error: cannot write {out}: {e.strerror or e}{f' ({e.filename})' if e.filename else ''}; nothing was "
+              f"kept", file=sys.stderr)
+        return policy.EXIT_STORAGE
     lg = rec["logits"]
     print(f"wrote {out}: {rec['bytes'] / 1e6:.1f} MB in {rec['seconds']:.1f} s; transformers reloads it with "
           f"max |logit difference| {lg['max_abs_diff']:.2g} and {'the same' if lg['greedy_equal'] else 'DIFFERENT'} "
