@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from launch.problems import Problem
 
@@ -142,6 +142,22 @@ def hf_dir(init_from: str) -> Optional[Path]:
     return Path(init_from[len(HF_PREFIX):]).expanduser() if init_from.startswith(HF_PREFIX) else None
 
 
+INDEX_MAX_BYTES = 64 << 20  # an index of a 405B model is a few MB
+
+
+def index_shards(index: Any) -> Union[list, str]:
+    """The shard files a ``model.safetensors.index.json`` document names (sorted), or why it names none usable: its
+    ``weight_map`` must map tensor names to ``*.safetensors`` file names in the same directory."""
+    wmap = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(wmap, dict) or not wmap:
+        return "no weight_map of tensor names to shard files"
+    shards = sorted({v for v in wmap.values() if isinstance(v, str)})
+    bad = [v for v in wmap.values() if not isinstance(v, str) or not v.endswith(".safetensors") or "/" in v]
+    if bad:
+        return f"weight_map names {bad[0]!r}, not a .safetensors file of this directory (only safetensors are read)"
+    return shards
+
+
 def read_config(directory: Path) -> dict:
     """``DIR/config.json`` as a dict (OSError / ValueError on a missing or bad file)."""
     doc = json.loads((Path(directory) / CONFIG_FILE).read_text(encoding="utf-8"))
@@ -247,6 +263,19 @@ def init_from_problems(job: Any, path_exists: Callable[[str], bool],
         return [Problem(field, "no safetensors weights there",
                         f"neither {WEIGHTS_FILE} nor {WEIGHTS_INDEX} in {directory}",
                         "save the HF model with safe_serialization (the default), or convert its .bin weights")]
+    if not path_exists(str(directory / WEIGHTS_FILE)):
+        try:
+            shards = index_shards(json.loads((directory / WEIGHTS_INDEX).read_bytes()[:INDEX_MAX_BYTES + 1]))
+        except (OSError, ValueError) as e:
+            shards = f"cannot be read ({e})"
+        if isinstance(shards, str):
+            return [Problem(field, "the weights' index cannot be used", f"{directory / WEIGHTS_INDEX}: {shards}",
+                            "point training.init_from at a directory written by save_pretrained (safetensors)")]
+        missing = [s for s in shards if not path_exists(str(directory / s))]
+        if missing:
+            return [Problem(field, "a shard the weights' index names is missing",
+                            f"{directory / missing[0]} does not exist ({len(missing)} of {len(shards)} missing)",
+                            "copy the whole Hugging Face directory")]
     try:
         cfg = read(directory)
     except (OSError, ValueError, UnicodeDecodeError) as e:

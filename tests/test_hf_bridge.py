@@ -87,6 +87,38 @@ def test_init_from_names_a_form_files_and_an_architecture(tmp_path):
         ["only Llama-style models initialise from Hugging Face weights"]
 
 
+@pytest.mark.parametrize("weight_map,fragment", [
+    ({"model.embed_tokens.weight": "pytorch_model-00001.bin"}, "not a .safetensors file of this directory"),
+    ({"model.embed_tokens.weight": "../elsewhere.safetensors"}, "not a .safetensors file of this directory"),
+    ({}, "no weight_map"),
+    ({"model.embed_tokens.weight": "model-00001.safetensors"}, "model-00001.safetensors does not exist"),
+])
+def test_init_from_an_index_that_names_no_usable_safetensors_is_refused_at_submit(tmp_path, weight_map, fragment):
+    """A bad HF directory is final (exit 14) where it can be checked: on the login side, before any rank starts."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    job = compose_job([*TINY, f"training.init_from=hf:{tmp_path}"])
+    (p,) = [p for p in check(job) if p.field == "training.init_from"]
+    assert fragment in p.arithmetic, p
+
+
+def test_a_shard_that_is_not_safetensors_is_an_hf_weights_error_on_the_ranks(tmp_path):
+    """What the ranks meet when the directory changes after the check: one HFWeightsError (a final exit 14 on every
+    rank), never safetensors' own exception type escaping as a traceback."""
+    pytest.importorskip("torch")
+    from train.hf_bridge import HFWeightsError, read_full
+
+    (tmp_path / "model-00001.safetensors").write_bytes(b"PK\x03\x04 a zip, not safetensors" * 10)
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {"model.embed_tokens.weight": "model-00001.safetensors"}}))
+    job = compose_job(TINY)
+    with pytest.raises(HFWeightsError, match="cannot read the weights in"):
+        read_full(tmp_path, job.model, job.padded_vocab_size)
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "pytorch_model.bin"}}))
+    with pytest.raises(HFWeightsError, match="not a .safetensors file"):
+        read_full(tmp_path, job.model, job.padded_vocab_size)
+
+
 def test_qkv_and_fc1_split_by_query_group_and_back():
     torch = pytest.importorskip("torch")
     from train.hf_bridge import from_hf, to_hf

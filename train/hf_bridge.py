@@ -203,8 +203,11 @@ def read_hf_weights(directory: Path) -> Tensors:
     if single.exists():
         return load_file(str(single))
     index = json.loads((directory / hf_config.WEIGHTS_INDEX).read_text(encoding="utf-8"))
+    shards = hf_config.index_shards(index)
+    if isinstance(shards, str):
+        raise ValueError(f"{hf_config.WEIGHTS_INDEX}: {shards}")
     out: Tensors = {}
-    for shard in sorted(set(index["weight_map"].values())):
+    for shard in shards:
         target = (directory / shard).resolve()
         if target.parent != directory.resolve():
             raise ValueError(f"{hf_config.WEIGHTS_INDEX} names {shard!r}, outside {directory}")
@@ -246,6 +249,8 @@ def full_shapes(model: Any, padded_vocab: int) -> Dict[str, tuple]:
 
 def read_full(directory: Path, model: Any, padded_vocab: int) -> Tensors:
     """An HF directory's weights as full Megatron tensors, each present with its shape, or HFWeightsError."""
+    from safetensors import SafetensorError
+
     try:
         full = from_hf(read_hf_weights(directory), model)
         embedding = full.get(VOCAB_ROWS[0])
@@ -253,8 +258,8 @@ def read_full(directory: Path, model: Any, padded_vocab: int) -> Tensors:
             full = pad_vocab(full, padded_vocab, read_vocab_padding(Path(directory)))
     except KeyError as e:
         raise HFWeightsError(f"{directory} has no tensor {e.args[0]} (is it a LlamaForCausalLM of this shape?)")
-    except (OSError, ValueError, RuntimeError) as e:
-        raise HFWeightsError(f"cannot read the weights in {directory}: {str(e).splitlines()[0][:300]}")
+    except (OSError, ValueError, RuntimeError, SafetensorError) as e:  # SafetensorError: not a safetensors file
+        raise HFWeightsError(f"cannot read the weights in {directory}: {(str(e).splitlines() or [''])[0][:300]}")
     for name, shape in full_shapes(model, padded_vocab).items():
         got = tuple(full[name].shape) if name in full else None
         if got != shape:
