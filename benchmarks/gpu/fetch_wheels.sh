@@ -6,7 +6,8 @@
 #   bash benchmarks/gpu/fetch_wheels.sh [DEST]
 #
 # The image already has torch (CUDA), numpy, pandas, pyarrow, psutil, packaging, pyyaml,
-# cloudpickle, typing-extensions, matplotlib; train.worker additionally imports Megatron-Core,
+# cloudpickle, typing-extensions, matplotlib; train.worker additionally imports Megatron-Core and
+# safetensors (the node-local tier's shards),
 # and the run-directory composition imports Hydra/OmegaConf (and antlr4, their parser runtime)
 # and submitit (the renderer). Versions: the ones the CPU test suite runs with.
 set -euo pipefail
@@ -18,7 +19,7 @@ PLATFORM=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp
           --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_27_x86_64
           --platform manylinux_2_28_x86_64 --platform any)
 "$PY" -m pip download -q --no-deps "${PLATFORM[@]}" -d "$DEST" \
-    megatron-core==0.16.1 hydra-core==1.3.8 omegaconf==2.3.1 submitit==1.5.4
+    megatron-core==0.16.1 safetensors==0.8.0 hydra-core==1.3.8 omegaconf==2.3.1 submitit==1.5.4
 # antlr4-python3-runtime 4.9.3 (the version hydra-core/omegaconf pin) is published as an sdist
 # only: build its pure-Python wheel here (py3-none-any, valid on any Python 3).
 "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$DEST" antlr4-python3-runtime==4.9.3 2>/dev/null \
