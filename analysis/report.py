@@ -22,7 +22,7 @@ if __name__ == "__main__":  # run as a script: make the repository root importab
 import pandas as pd  # noqa: E402
 
 from analysis import figures, recovery_time, spend  # noqa: E402
-from analysis.interruptions import build_attempts, goodput, interruptions
+from analysis.interruptions import build_attempts, goodput, interruptions, job_key
 from analysis.load import RunInputs, load_paths
 from analysis.mfu import (
     RunShape, attempt_summary, layout_summary, regression_flags, run_figures, shape_from_config, step_metrics,
@@ -76,14 +76,52 @@ def analyze_run(run: RunInputs, shape: RunShape, *, window: int = 20, threshold:
     m["regressed"] = False
     if not flagged.empty:
         m.loc[flagged.index, "regressed"] = flagged["regressed"].astype(bool)
+    steps = event_steps(_records(ev), shape)  # the per-attempt and per-layout tables: the run figure's steps
+    table = steps if steps is not None else m
     return {
-        "attempts": att, "interruptions": intr, "metrics": m, "by_attempt": attempt_summary(m),
-        "by_layout": layout_summary(m), "stragglers": straggler_flags(m), "goodput": goodput(att),
+        "attempts": att, "interruptions": intr, "metrics": m, "by_attempt": attempt_summary(table),
+        "by_layout": layout_summary(table), "stragglers": straggler_flags(m), "goodput": goodput(att),
         "computed": bool(shape.model and shape.world_size),
         # step time, tokens/s, TFLOP/s, MFU, HFU of the run: one definition (analysis/throughput.py)
         "throughput": run_figures(m, _records(ev)),
         "live": live_alerts(ev),
     }
+
+
+def event_steps(records: list, shape: RunShape) -> Optional[pd.DataFrame]:
+    """Rank 0's timed steps from the event log, one row each, keyed by attempt like the log's rows (``job``,
+    ``attempt``, ``layout``): the steps the run's figures are over (:mod:`analysis.throughput`), so the per-attempt
+    and per-layout tables hold the same steps (a step the last rank's log lost is still there). None without a timed
+    ``iteration`` event or without the shape the rates need (the log lines then)."""
+    if not (shape.model and shape.world_size and shape.global_batch_size and shape.seq_length):
+        return None
+    rows, ordinal, start = [], -1, None
+    for e in records:
+        kind, rank = e.get("event"), _num(e.get("rank"))
+        if rank not in (None, 0.0):
+            continue
+        if kind == EventKind.JOB_START or ordinal < 0:
+            ordinal, start = ordinal + 1, (e if kind == EventKind.JOB_START else {})
+        if kind != EventKind.ITERATION:
+            continue
+        step, sec = _num(e.get("step")), _num(e.get("seconds"))
+        if step is None or sec is None or sec <= 0:
+            continue
+        job_id = e.get("job_id") if isinstance(e.get("job_id"), str) else None
+        label = _num(e.get("attempt"))
+        label = label if label is not None else _num(e.get("restart_count"))
+        rows.append({"ordinal": ordinal, "job": job_key(job_id)[0] if job_id else "local",
+                     "attempt": int(label) if label is not None else 0, "iteration": int(step),
+                     "elapsed_ms": sec * 1000.0, "layout": figures.layout_of(start) or shape.layout})
+    if not rows:
+        return None
+    df = pd.DataFrame(rows)
+    keys = df.groupby("ordinal")[["job", "attempt"]].first()
+    if keys.duplicated().any():  # launches that all start at restart count 0 (old local runs): number them
+        df["attempt"] = df["ordinal"]
+    df = df.assign(global_batch_size=float(shape.global_batch_size), tflops_per_gpu=math.nan, mfu_pct=math.nan)
+    layouts = df["layout"]
+    return step_metrics(df, shape).assign(layout=layouts)
 
 
 LIVE_EVENTS = (EventKind.HANG, EventKind.NAN, EventKind.NAN_ROLLBACK, EventKind.BATCHES_SKIPPED,

@@ -56,3 +56,25 @@ def test_the_module_imports_neither_torch_nor_pandas():
     repo = Path(__file__).resolve().parent.parent
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo).stdout
     assert out.strip() == "[]"
+
+
+def test_the_reports_tables_hold_the_run_figures_steps_even_one_the_last_ranks_log_lost(tmp_path):
+    """The recorded Slurm run (tests/fixtures/slurm_run, TP2 x DP2): step 13 of the second attempt is in rank 0's
+    event log but not in the last rank's log (killed before it printed). The run figure, the per-layout row and the
+    per-attempt rows are over the same 17 steady steps."""
+    import json
+
+    from analysis.report import main as report_main
+
+    fixture = Path(__file__).resolve().parent / "fixtures" / "slurm_run"
+    assert report_main([str(fixture), "--out", str(tmp_path)]) == 0
+    s = json.loads((tmp_path / "summary.json").read_text())["runs"]["slurm_run"]
+    fig = tp.RunFigures(**s["throughput"])
+    assert (fig.steps, fig.source) == (17, "event log")
+    per_attempt = pd.DataFrame(s["mfu_by_attempt"])
+    assert per_attempt["steps"].tolist() == [4, 5, 8] and per_attempt["last_step"].tolist() == [6, 13, 20]
+    layout = pd.read_csv(tmp_path / "iterations.csv")  # the log's rows: step 13 once (attempt 2's)
+    assert (layout["iteration"] == 13).sum() == 1
+    md = (tmp_path / "report.md").read_text()
+    row = next(ln for ln in md.splitlines() if ln.startswith("| tp2-pp1-dp2 |"))
+    assert row.split(" | ")[1:3] == ["17", tp.tokens_text(fig.tokens_per_s).removesuffix(" tokens/s")]
