@@ -164,6 +164,44 @@ def test_a_record_stored_through_a_transform_is_refused_without_decoding_it(root
     assert not ckpt.exists() and plan_resume(root).step == 2
 
 
+def test_a_payload_compressed_with_the_real_zstd_transform_is_refused_on_resume_and_on_export(root: Path,
+                                                                                            tmp_path: Path) -> None:
+    """The forgery of the hostile pass: a code-running object saved through torch's own stream.zstd transform (the
+    real zstandard compressor), so the stored bytes show no global at all, and the manifest sealed. The resume
+    quarantines it (exit 12) and the export refuses it (exit 12); the payload never runs."""
+    pytest.importorskip("zstandard")
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._extension import ZStandard
+
+    from train import export
+
+    real_checkpoint(root, 2)
+    marker = tmp_path / "payload-ran"
+    staging = prepare_staging(root, 4)
+    state = {"w": torch.arange(8, dtype=torch.float32), "extra": {"obj": Payload(marker)}}
+    dcp.save(state, storage_writer=dcp.FileSystemWriter(str(staging), _extensions=[ZStandard()]), no_dist=True)
+    torch.save({"training_state": {"step": 4, "consumed_samples": 32}}, staging / "common.pt")
+    commit(root, 4, {"step": 4}, keep=5)
+    ckpt = root / "iter_0000004"
+    stored = b"".join(p.read_bytes() for p in ckpt.glob("*.distcp"))
+    assert b"exec" not in stored and b"builtins" not in stored  # compressed: nothing for a byte scan to see
+    why = unsafe_pickles(ckpt)
+    assert why and "stream.zstd" in why
+    run = tmp_path / "run"  # the export of the same checkpoint, in a run directory of its own
+    run.mkdir()
+    from launch.compose import compose_job, job_to_yaml
+    (run / "config.yaml").write_text(job_to_yaml(compose_job(["cluster=local", "model=tiny", f"run.dir={run}"])))
+    (run / "checkpoints").mkdir(mode=0o755)
+    os.chmod(run / "checkpoints", 0o755)
+    import shutil
+    shutil.copytree(ckpt, run / "checkpoints" / ckpt.name)
+    assert export.main([str(run), "--out", str(tmp_path / "hf"), "--step", "4"]) == policy.EXIT_UNSAFE_CKPT
+    plan = plan_resume(root)
+    assert plan.action == "refuse" and plan.reason == "unsafe_checkpoint" and not ckpt.exists()
+    assert not marker.exists() and not (tmp_path / "hf").exists()
+
+
 def test_the_rank_side_check_before_the_load_refuses_with_a_final_stop(root: Path, tmp_path: Path) -> None:
     from train.megatron_ckpt import UnsafeCheckpoint, refuse_unsafe_pickles
 
