@@ -3,6 +3,7 @@ and their "did you mean", the one unknown-key check of pretrain/plan/preflight, 
 no-fit advice, the sweep's exit status and fit marks, and stop.py on a complete run."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 
@@ -108,6 +109,12 @@ def test_no_fit_advice_says_when_more_nodes_cannot_help():
                        "cluster.gpu_memory_gb=1"])
     line = fit_advice(job, factors=(2, 4))
     assert line.startswith("fix: more nodes do not help") and "micro_batch_size" in line
+    # the refusal's own line names no remedy, so it never says "add nodes" beside "more nodes do not help"
+    with pytest.raises(NoLayoutFits) as refused:
+        choose_layout(dataclasses.replace(job, parallelism=dataclasses.replace(job.parallelism, name="auto")))
+    last = str(refused.value).splitlines()[-1]
+    assert last == f"no valid layout fits in 1 GiB per GPU on {job.cluster.nodes} node(s)"
+    assert "add nodes" not in str(refused.value)
 
 
 def test_a_sweep_with_no_accepted_member_exits_2():

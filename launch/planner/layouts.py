@@ -253,8 +253,10 @@ def choose_layout(job: Job, *, attention: str | None = None) -> tuple[Job, str]:
     table = format_table(job, rows, invalid, max(1, job.plan.top))
     fitting = [r for r in rows if r.fits]
     if not fitting:
-        raise NoLayoutFits(table + "\nno valid layout fits: add nodes, shorten model.seq_length, or lower "
-                                   "training.micro_batch_size")
+        # no remedy here: whether more nodes help is what launch.planner.advice.fit_advice works out (the callers
+        # print its line after this message), so it is never said both ways
+        raise NoLayoutFits(table + f"\nno valid layout fits in {job.cluster.gpu_memory_gb:g} GiB per GPU on "
+                                   f"{job.cluster.nodes} node(s)")
     # The variants were validated per mesh; re-run the rules on the winner with its own recompute
     # and optimizer, in case a rule ever looks at them.
     rules = layout_problems
