@@ -40,7 +40,10 @@ HARDWARE_FAULTS: tuple[HardwareFault, ...] = (
     # the kernel's ``NVRM: Xid (PCI:0000:3b:00): 79, ...`` and any error naming an Xid
     HardwareFault("xid", r"(?:NVRM: )?\bXid\b", ("Xid", "XID"), "GPU Xid error", kind="xid"),
     HardwareFault("off_bus", r"fallen off the bus", ("fallen off the bus",), "GPU fell off the bus"),
-    HardwareFault("cuda_device", r"CUDA error: (?:an illegal memory access|unspecified launch failure|ECC)",
+    # CUDA's own words for a device fault. Not "an illegal memory access" nor "unspecified launch failure": those
+    # are what a kernel bug (an out-of-bounds index, a bad pointer) raises on healthy hardware, a software crash
+    # that another node would meet too, so excluding the node would only shrink the pool.
+    HardwareFault("cuda_device", r"CUDA error: (?:an uncorrectable NVLink error|ECC)",
                   ("CUDA error",), "CUDA device fault"),
     HardwareFault("nvlink", r"NVLink (?:error|fatal)", ("NVLink", "NVLINK", "nvlink"), "NVLink error"),
     HardwareFault("infiniband", r"ibv_\w+ failed|IBV? (?:link|port) (?:down|error)",

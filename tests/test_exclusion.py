@@ -112,6 +112,7 @@ def test_cli_exits_42_when_it_requeued_and_logs_the_event(tmp_path, capsys):
     ("RuntimeError: CUDA error: uncorrectable ECC error encountered", "uncorrectable ECC error"),
     ("NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus", "GPU Xid error"),
     ("ValueError: global_batch_size is not a multiple", None),
+    ("RuntimeError: CUDA error: an illegal memory access was encountered", None),  # a kernel bug, not the node
 ])
 def test_hardware_faults_are_told_from_code_bugs(text, reason):
     assert exclusion.hardware_fault(text) == reason
