@@ -14,6 +14,8 @@ Exit codes: 0 shown, 2 no such run or sweep, or a run name the run-directory rul
 from __future__ import annotations
 
 import json
+import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -240,6 +242,21 @@ def resolve(args: list[str]) -> tuple[str, Path]:
     return "run", run_dir
 
 
+def _number(text: str) -> Optional[float]:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _seconds(flag: str, text: str) -> float:
+    """``--watch``'s refresh period: a finite number of seconds > 0, else one line (ValueError)."""
+    value = _number(text)
+    if value is None or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{flag} {text!r} is not a refresh period in seconds (a number > 0, e.g. --watch 30)")
+    return value
+
+
 def _parse_flags(argv: list[str]) -> tuple[list[str], dict]:
     opts: dict[str, Any] = {"json": False, "watch": None, "lines": 5}
     rest, i = [], 0
@@ -249,14 +266,18 @@ def _parse_flags(argv: list[str]) -> tuple[list[str], dict]:
             opts["json"] = True
         elif a == "--watch":
             opts["watch"] = 30.0
-            if i + 1 < len(argv) and argv[i + 1].replace(".", "", 1).isdigit():
-                opts["watch"] = float(argv[i + 1])
+            nxt = argv[i + 1] if i + 1 < len(argv) else None
+            if nxt is not None and (_number(nxt) is not None or (rest and "=" not in nxt)):
+                opts["watch"] = _seconds("--watch", nxt)  # a number, or a word where the run is already named
                 i += 1
         elif a.startswith("--watch="):
-            opts["watch"] = float(a.split("=", 1)[1])
-        elif a == "--lines" and i + 1 < len(argv):
-            opts["lines"] = int(argv[i + 1])
-            i += 1
+            opts["watch"] = _seconds("--watch", a.split("=", 1)[1])
+        elif a == "--lines" or a.startswith("--lines="):
+            value = a.split("=", 1)[1] if "=" in a else argv[i + 1] if i + 1 < len(argv) else ""
+            i += 0 if "=" in a else 1
+            if not value.isdigit():
+                raise ValueError(f"--lines {value!r} is not a count of log lines (0 or more)")
+            opts["lines"] = int(value)
         elif a.startswith("--"):
             raise ValueError(f"unknown option {a}; {USAGE}")
         else:
@@ -313,4 +334,10 @@ def main(argv: Optional[list[str]] = None, *, runner: Callable[..., Any] = defau
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:  # `status.py RUN | head`: the reader left early, which says nothing about the run
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
+        code = 0
+    sys.exit(code)
