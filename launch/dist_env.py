@@ -85,10 +85,40 @@ def resolve_address(host: str, resolver: Callable[[str], str] = socket.gethostby
         return host
 
 
-def default_port(job_id: Optional[str]) -> int:
-    """A port derived from the job id, so concurrent jobs sharing a node do not collide."""
+# The Slurm rendezvous port: PORT_BASE + (job id + PORT_STRIDE x restart) % PORT_SPAN, i.e. 20000-31999, below
+# Linux's ephemeral range (net.ipv4.ip_local_port_range, 32768-60999 by default), where the kernel hands out the
+# ports of outgoing connections (gloo's and NCCL's among them) and a listen can lose the race for one. The job id
+# keeps concurrent jobs on a node apart; the restart count (Slurm's plus the in-job relaunches) moves a requeued
+# job or a relaunched step to another port, since its previous attempt's may still be in TIME_WAIT. PORT_STRIDE is
+# prime and coprime to PORT_SPAN, so one job visits all PORT_SPAN ports before it repeats one.
+PORT_BASE, PORT_SPAN, PORT_STRIDE = 20000, 12000, 7919
+EPHEMERAL_LOW = 32768  # Linux's default net.ipv4.ip_local_port_range starts here
+
+
+def rendezvous_port(job_id: int, restart: int) -> int:
+    """The rendezvous port of attempt ``restart`` (Slurm's restart count plus the in-job offset) of job ``job_id``:
+    the formula the sbatch script evaluates (:func:`rendezvous_port_shell`), in [PORT_BASE, PORT_BASE + PORT_SPAN)."""
+    return PORT_BASE + (int(job_id) + PORT_STRIDE * int(restart)) % PORT_SPAN
+
+
+def rendezvous_port_shell() -> str:
+    """:func:`rendezvous_port` as a bash arithmetic expansion over the step's environment (``SLURM_JOB_ID``,
+    ``SLURM_RESTART_COUNT``, ``SLURMTRON_IN_JOB_OFFSET``): what the rendered script exports as ``MASTER_PORT``."""
+    restart = "${SLURM_RESTART_COUNT:-0} + ${SLURMTRON_IN_JOB_OFFSET:-0}"
+    return f"$(({PORT_BASE} + (${{SLURM_JOB_ID:-0}} + {PORT_STRIDE} * ({restart})) % {PORT_SPAN}))"
+
+
+def _count(env: Mapping[str, str], key: str) -> int:
+    raw = str(env.get(key) or "").strip()
+    return int(raw) if raw.isdigit() else 0
+
+
+def default_port(job_id: Optional[str], env: Optional[Mapping[str, str]] = None) -> int:
+    """The rendezvous port when the script exported none: :func:`rendezvous_port` of the job id and the restart
+    count in ``env`` (``SLURM_RESTART_COUNT`` + ``SLURMTRON_IN_JOB_OFFSET``); 29500 outside a Slurm job."""
     if job_id and job_id.isdigit():
-        return 20000 + int(job_id) % 20000
+        env = env or {}
+        return rendezvous_port(int(job_id), _count(env, "SLURM_RESTART_COUNT") + _count(env, "SLURMTRON_IN_JOB_OFFSET"))
     return 29500
 
 
@@ -104,7 +134,7 @@ def from_env(
         nodes = expand(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
                        or "") or ["127.0.0.1"]
         addr = env.get("MASTER_ADDR") or resolver(nodes[0])
-        port = int(env.get("MASTER_PORT") or default_port(env.get("SLURM_JOB_ID")))
+        port = int(env.get("MASTER_PORT") or default_port(env.get("SLURM_JOB_ID"), env))
         return DistEnv(
             rank=int(env["SLURM_PROCID"]),
             world_size=int(env["SLURM_NTASKS"]),

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
 from launch import spares
+from launch.dist_env import rendezvous_port_shell
 from launch.config import Job
 from launch.paths import RunPaths
 from recovery import exit_codes
@@ -148,7 +149,7 @@ def shell_body(job: Job, run_dir: str | Path, code_dir: str | Path) -> tuple[lis
         setup.append(piece("setup", {"setup_lines": "\n".join(c.setup)}))
     exports = "\n".join(f"export {k}={q(v)}" for k, v in sorted(c.env.items()))
     setup.append(piece("env", {"code_dir": q(code_dir), "exports": exports}))
-    setup.append(piece("master_addr"))
+    setup.append(piece("master_addr", {"master_port": rendezvous_port_shell()}))
     if c.lustre_stripe_count > 0:
         setup.append(piece("lustre", {
             "checkpoint_dir": q(checkpoint_dir(job, run_dir)),
@@ -162,6 +163,7 @@ def shell_body(job: Job, run_dir: str | Path, code_dir: str | Path) -> tuple[lis
             "exclusion_flags": "" if c.requeue_allowed else " --no-requeue",
             "nodes": q(c.nodes), "ntasks": q(c.nodes * c.gpus_per_node), "spare_nodes": q(c.spare_nodes), "budget": q(c.in_job_restarts),
             "gpus": q(c.gpus_per_node if c.gpu != "cpu" else 0),
+            "master_port": rendezvous_port_shell(),
         })
         return setup, command
     command = piece("srun", {

@@ -22,7 +22,7 @@ fi
 while :; do
     export MASTER_ADDR=${NEXT_ADDR:-$MASTER_ADDR}
     # a port per step: the previous step's rendezvous port may still be in TIME_WAIT
-    export MASTER_PORT=$((20000 + (${SLURM_JOB_ID:-0} + 7919 * SLURMTRON_IN_JOB_OFFSET) % 40000))
+    export MASTER_PORT={{master_port}}
     # the banner of an attempt (analysis/signatures.py): the lines after it belong to this step's restart count
     echo "slurmtron: job ${SLURM_JOB_ID:-?} restart $((${SLURM_RESTART_COUNT:-0} + SLURMTRON_IN_JOB_OFFSET)) step on $STEP_NODES (MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT, in-job offset $SLURMTRON_IN_JOB_OFFSET)"
     srun --nodelist="$STEP_NODES" --ntasks={{ntasks}} --overlap {{srun_args}} {{python}} -u -m train.worker "$RUN_DIR"

@@ -23,6 +23,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from launch.compose import compose_job, job_to_yaml  # noqa: E402
+from launch.dist_env import rendezvous_port_shell  # noqa: E402
 from launch.render import render  # noqa: E402
 from recovery import policy  # noqa: E402
 from recovery.events import read_events  # noqa: E402
@@ -44,7 +45,7 @@ def _submit_rendered(cluster: Cluster, run_dir: Path, overrides: list[str], env:
     script = render(job, run_dir)
     # Every test cluster numbers its jobs from 1 and the script derives MASTER_PORT from the job
     # id, so two clusters on one machine (parallel CI jobs) collide; pin a free port instead.
-    derived = "export MASTER_PORT=$((20000 + ${SLURM_JOB_ID:-0} % 40000))"
+    derived = f"export MASTER_PORT={rendezvous_port_shell()}"
     assert script.count(derived) == 1, script
     script = script.replace(derived, f"export MASTER_PORT={free_port()}")
     assert script.count(START_CHECK) == 1, script  # the rendered attempt-start check (sbatch_templates/srun.sh)

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import datetime
+import os
+import subprocess
 
 import pytest
 
@@ -468,3 +470,36 @@ def test_a_rank_that_cannot_seal_its_shards_is_said_and_rank_0_hashes_them(tmp_p
     (event,) = [e for e in read_events(ctx.paths.events) if e["event"] == "checkpoint_seal_fallback"]
     assert (event["step"], event["rank"]) == (3, 1) and "EIO" in event["detail"]
     assert said[-1].startswith("WARNING: rank 1 could not hash")
+
+
+def test_the_rendezvous_port_lies_below_the_ephemeral_range_and_moves_with_every_restart():
+    ports = {(j, r): dist_env.rendezvous_port(j, r) for j in (1, 7, 19999, 20000, 40000, 1234567, 9876543210)
+             for r in range(0, 60)}
+    assert all(dist_env.PORT_BASE <= p < dist_env.EPHEMERAL_LOW for p in ports.values())
+    # a requeued job (same id, the next restart count) and a relaunched step (the next in-job offset) move
+    for job in (1, 1234567):
+        seq = [ports[(job, r)] for r in range(60)]
+        assert len(set(seq)) == len(seq)
+    # the old 20000 + id % 40000 reached the ephemeral range for these ids
+    assert 20000 + 19999 % 40000 >= dist_env.EPHEMERAL_LOW and ports[(19999, 0)] < dist_env.EPHEMERAL_LOW
+    # concurrent jobs on one node: consecutive ids differ at the same restart count
+    assert ports[(1234567, 0)] != dist_env.rendezvous_port(1234568, 0)
+    # the rank's fallback (no MASTER_PORT exported) reads the same restart count as the script
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_ID": "1234567",
+           "SLURM_RESTART_COUNT": "3", "SLURMTRON_IN_JOB_OFFSET": "2"}
+    assert dist_env.from_env(env, resolver=lambda h: h).master_port == ports[(1234567, 5)]
+
+
+@pytest.mark.parametrize("job, restart, offset", [("0", "", ""), ("70", "0", "0"), ("19999", "1", "0"),
+                                                  ("1234567", "3", "2"), ("9876543210", "41", "7")])
+def test_the_rendered_port_expression_is_the_python_formula(job, restart, offset):
+    """The script's MASTER_PORT (bash arithmetic from rendezvous_port_shell) equals rendezvous_port."""
+    env = {"PATH": os.environ.get("PATH", ""), "SLURM_JOB_ID": job}
+    if restart:
+        env["SLURM_RESTART_COUNT"] = restart
+    if offset:
+        env["SLURMTRON_IN_JOB_OFFSET"] = offset
+    out = subprocess.run(["bash", "-c", f"echo {dist_env.rendezvous_port_shell()}"], env=env, capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert int(out.stdout) == dist_env.rendezvous_port(int(job), int(restart or 0) + int(offset or 0))

@@ -38,9 +38,10 @@ if [ -z "$MASTER_ADDR" ]; then
     MASTER_ADDR=$(scontrol show node "$MASTER_HOST" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p' | head -n 1 || true)
 fi
 export MASTER_ADDR=${MASTER_ADDR:-$MASTER_HOST}
-# A port derived from the job id: two jobs sharing a node do not collide, and a requeued job
-# (same id) gets the same port back.
-export MASTER_PORT=$((20000 + ${SLURM_JOB_ID:-0} % 40000))
+# A port derived from the job id and the restart count (launch/dist_env.py, rendezvous_port), below the kernel's
+# ephemeral range: two jobs sharing a node do not collide, and a requeued job does not reuse the port its
+# previous attempt may have left in TIME_WAIT.
+export MASTER_PORT=$((20000 + (${SLURM_JOB_ID:-0} + 7919 * (${SLURM_RESTART_COUNT:-0} + ${SLURMTRON_IN_JOB_OFFSET:-0})) % 12000))
 echo "slurmtron: MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
 
 # command

@@ -39,9 +39,10 @@ if [ -z "$MASTER_ADDR" ]; then
     MASTER_ADDR=$(scontrol show node "$MASTER_HOST" | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p' | head -n 1 || true)
 fi
 export MASTER_ADDR=${MASTER_ADDR:-$MASTER_HOST}
-# A port derived from the job id: two jobs sharing a node do not collide, and a requeued job
-# (same id) gets the same port back.
-export MASTER_PORT=$((20000 + ${SLURM_JOB_ID:-0} % 40000))
+# A port derived from the job id and the restart count (launch/dist_env.py, rendezvous_port), below the kernel's
+# ephemeral range: two jobs sharing a node do not collide, and a requeued job does not reuse the port its
+# previous attempt may have left in TIME_WAIT.
+export MASTER_PORT=$((20000 + (${SLURM_JOB_ID:-0} + 7919 * (${SLURM_RESTART_COUNT:-0} + ${SLURMTRON_IN_JOB_OFFSET:-0})) % 12000))
 echo "slurmtron: MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
 
 # command
@@ -70,7 +71,7 @@ fi
 while :; do
     export MASTER_ADDR=${NEXT_ADDR:-$MASTER_ADDR}
     # a port per step: the previous step's rendezvous port may still be in TIME_WAIT
-    export MASTER_PORT=$((20000 + (${SLURM_JOB_ID:-0} + 7919 * SLURMTRON_IN_JOB_OFFSET) % 40000))
+    export MASTER_PORT=$((20000 + (${SLURM_JOB_ID:-0} + 7919 * (${SLURM_RESTART_COUNT:-0} + ${SLURMTRON_IN_JOB_OFFSET:-0})) % 12000))
     # the banner of an attempt (analysis/signatures.py): the lines after it belong to this step's restart count
     echo "slurmtron: job ${SLURM_JOB_ID:-?} restart $((${SLURM_RESTART_COUNT:-0} + SLURMTRON_IN_JOB_OFFSET)) step on $STEP_NODES (MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT, in-job offset $SLURMTRON_IN_JOB_OFFSET)"
     srun --nodelist="$STEP_NODES" --ntasks=4 --overlap --kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=2 --cpus-per-task=2 --open-mode=append --output=/runs/golden/logs/%j_%t.out python3 -u -m train.worker "$RUN_DIR"
