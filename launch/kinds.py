@@ -137,6 +137,7 @@ class EventKind(StrEnum):
     LEAD_TIME_WARNING = ("lead_time_warning", "lead_s, step_s, save_s, wait_s, detail -- the signal lead is shorter "
                                               "than a step plus a save")
     REQUEUE = ("requeue", "method (scontrol|exit_code|scontrol_after_crash|slurm), step, signal, job_id_requeued, ok, "
+                          "planned (a verified stop checkpoint came first: not counted by training.max_restarts), "
                           "detail, error")
     IN_JOB_RESTART = ("in_job_restart", "cause (crash|hang|lost_node), detail, slurm_restart, next_restart_count, "
                                         "failed_nodes, nodes, master_addr, avoided {host: why}, spare_used, "

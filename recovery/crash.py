@@ -154,9 +154,12 @@ def judge(run_dir: Path, env: Mapping[str, str], runner: Runner = default_runner
     limit = max_restarts_of(run_dir)
     if limit is None:
         limit = DEFAULT_MAX_RESTARTS
-    if restart >= limit:
-        return Verdict(False, f"{why}; restart count {restart} reached training.max_restarts {limit}: not requeued "
-                              f"(another attempt would be refused)", 0, job_id, restart)
+    chain = policy.current_chain(policy.read_progress(run_dir) + [{"restart_count": restart, "job_id": job_id}])
+    unplanned, planned = policy.restart_tally(chain, restart + 1)  # the restart this crash would make
+    if unplanned > limit:
+        return Verdict(False, f"{why}; the next restart would be unplanned restart {unplanned} > "
+                              f"training.max_restarts {limit} ({planned:,} planned slice requeues not counted): not "
+                              f"requeued (another attempt would be refused)", 0, job_id, restart)
     return Verdict(True, why, 0, job_id, restart)
 
 

@@ -49,7 +49,8 @@ disk_space_warning         step, detail, free/needed bytes -- the next save may 
 lead_time_warning          lead_s, step_s, save_s, wait_s, detail -- the signal lead is shorter than a step plus a
                            save
 requeue                    method (scontrol|exit_code|scontrol_after_crash|slurm), step, signal, job_id_requeued,
-                           ok, detail, error
+                           ok, planned (a verified stop checkpoint came first: not counted by
+                           training.max_restarts), detail, error
 in_job_restart             cause (crash|hang|lost_node), detail, slurm_restart, next_restart_count, failed_nodes,
                            nodes, master_addr, avoided {host: why}, spare_used, suspects_kept, used, budget,
                            spares_left, phases {detection_s, teardown_s, queue_wait_s, health_check_s} -- a failed

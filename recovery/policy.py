@@ -194,7 +194,11 @@ def start_decision(
     Records the attempt (restart count, the step it resumes from) in
     ``<run_dir>/progress.json``, then refuses when
 
-    * ``restart_count > training.max_restarts`` (reason ``max_restarts``, exit 4), or
+    * more than ``training.max_restarts`` of the chain's restarts were *unplanned* (reason ``max_restarts``,
+      exit 4; :func:`restart_tally`): a crash, a hang, a node failure, a time limit that got no signal. A
+      planned requeue (the attempt before saved a verified stop checkpoint on the warning signal or a
+      preemption and asked for the requeue, :func:`after_stop_save`) is not a failure and never counts, so a
+      run of a thousand wall-time slices is not stopped at slice ``max_restarts + 1``; or
     * the last ``training.zero_progress_restarts`` consecutive restarts all started from the
       same checkpoint step as the attempt before them (or all from none): those restarts
       made no new checkpoint, so another one will not either (a deterministic crash, a
@@ -217,15 +221,17 @@ def start_decision(
     }
     max_restarts = int(getattr(training, "max_restarts"))
     n = int(getattr(training, "zero_progress_restarts"))
+    chain = current_chain(records + [record])
+    unplanned, planned = restart_tally(chain[:-1], int(restart_count))
     decision: Decision
-    if restart_count > max_restarts:
+    if unplanned > max_restarts:
         decision = Decision(
             ok=False, reason="max_restarts", code=EXIT_MAX_RESTARTS,
-            detail=f"restart count {restart_count} > training.max_restarts {max_restarts}; "
-                   f"raise training.max_restarts or find out why the job keeps stopping",
+            detail=f"{unplanned} unplanned restarts (restart count {restart_count} - {planned:,} planned slice "
+                   f"requeues, which are not counted) > training.max_restarts {max_restarts}; raise "
+                   f"training.max_restarts or find out why the job keeps failing (events.jsonl)",
         )
     else:
-        chain = _current_chain(records + [record])
         same = 0  # consecutive restarts (newest first) that started where their predecessor did
         for prev, cur in zip(reversed(chain[:-1]), reversed(chain[1:])):
             if cur["latest_step"] == prev["latest_step"]:
@@ -244,15 +250,45 @@ def start_decision(
         else:
             decision = Decision(
                 ok=True, reason="resume" if latest_step is not None else "start",
-                detail=f"restart {restart_count}/{max_restarts} from {where}; "
-                       f"{same} consecutive restart(s) without progress (limit {n})",
+                detail=f"restart {restart_count} ({unplanned}/{max_restarts} unplanned, {planned} planned) from "
+                       f"{where}; {same} consecutive restart(s) without progress (limit {n})",
             )
     record["decision"] = decision.reason
     atomic_write_json(RunPaths.of(run_dir).progress, records + [record])
     return decision
 
 
-def _current_chain(records: list[dict]) -> list[dict]:
+PLANNED_STOP = "planned_stop"  # a progress record's mark: its attempt ended with a verified stop checkpoint
+
+
+def restart_tally(predecessors: list[dict], restart_count: int) -> tuple[int, int]:
+    """``(unplanned, planned)`` restarts of an attempt with ``restart_count``, given the progress records of its
+    chain before it (:func:`current_chain`). A restart is planned when the attempt before it carries the
+    :data:`PLANNED_STOP` mark (:func:`mark_planned_stop`, written by rank 0 once the stop checkpoint is committed
+    and before it asks for the requeue, so a crash cannot leave one); every other restart is unplanned, including
+    attempts that left no record (they failed before the start decision). Pure."""
+    planned = sum(1 for r in predecessors
+                  if r.get(PLANNED_STOP) is not None and int(r.get("restart_count") or 0) < restart_count)
+    planned = min(planned, max(0, restart_count))
+    return max(0, restart_count) - planned, planned
+
+
+def mark_planned_stop(run_dir: Path, restart_count: int, job_id: Optional[str], step: int, *,
+                      clock: Callable[[], float] = time.time) -> bool:
+    """Mark this attempt's progress record (the newest with ``restart_count`` and ``job_id``) as ended by a
+    planned stop at the verified stop checkpoint ``step``, so the requeue it asks for next is not counted
+    against ``training.max_restarts`` (:func:`restart_tally`). False when no record matches (the next restart
+    then counts as unplanned)."""
+    records = read_progress(run_dir)
+    for r in reversed(records):
+        if int(r.get("restart_count") or 0) == int(restart_count) and (r.get("job_id") or None) == (job_id or None):
+            r[PLANNED_STOP] = {"step": int(step), "time": clock()}
+            atomic_write_json(RunPaths.of(run_dir).progress, records)
+            return True
+    return False
+
+
+def current_chain(records: list[dict]) -> list[dict]:
     """The records since (and including) the newest fresh submission (restart count 0)."""
     start = 0
     for i, r in enumerate(records):
@@ -272,6 +308,7 @@ def after_stop_save(
     events: Any = None,
     step: Optional[int] = None,
     requeued_by_slurm: bool = False,
+    run_dir: Optional[Path] = None,
 ) -> int:
     """Rank 0, once the stop checkpoint is committed: ask Slurm for a requeue; return the exit code.
 
@@ -282,8 +319,22 @@ def after_stop_save(
     42 and a site's ``RequeueExit=42`` also works. ``requeued_by_slurm`` (Slurm already requeued the job:
     an admin's ``scontrol requeue``, a preemption whose grace ended) skips the call. If ``events`` (an
     :class:`recovery.events.EventLog`) is given, emits ``requeue`` with the method used.
+
+    ``run_dir`` and ``step`` given (the caller committed and verified the stop checkpoint at ``step``): before
+    anything else, marks this attempt's progress record planned (:func:`mark_planned_stop`), so the restart it
+    leads to is a planned slice requeue, not one of ``training.max_restarts``. A stop without a checkpoint
+    (a signal during start-up, a save that failed) passes neither and counts.
     """
     job_id = env.get("SLURM_JOB_ID") or ""
+    planned = False
+    unmarked = ""
+    if run_dir is not None and step is not None:
+        restart = restart_count_from_env(env)
+        planned = mark_planned_stop(Path(run_dir), restart, job_id or None, step)
+        if not planned:
+            unmarked = (f"WARNING: no progress record of restart {restart} (job {job_id or 'local'}) in "
+                        f"{RunPaths.of(run_dir).progress}: this requeue counts against training.max_restarts")
+            print(unmarked, flush=True)
     name = signal.Signals(signum).name if signum in signal.Signals._value2member_map_ else str(signum)
     method = "exit_code"
     detail = ""
@@ -305,7 +356,7 @@ def after_stop_save(
         detail = "not under Slurm: the local launcher relaunches on exit 42"
     if events is not None:
         events.emit(EventKind.REQUEUE, method=method, step=step, signal=name, job_id_requeued=job_id or None,
-                    detail=detail)
+                    planned=planned, detail="; ".join(d for d in (detail, unmarked) if d))
     return EXIT_REQUEUE
 
 

@@ -96,7 +96,7 @@ def test_guard_disabled_and_max_restarts(tmp_path):
     assert all(start_decision(tmp_path, r, 5, t).ok for r in range(3))
     d = start_decision(tmp_path, 3, 5, t)
     assert (d.ok, d.reason, d.code) == (False, "max_restarts", EXIT_MAX_RESTARTS)
-    assert "3 > training.max_restarts 2" in d.detail
+    assert "3 unplanned restarts (restart count 3 - 0 planned slice requeues, which are not counted) > training.max_restarts 2" in d.detail
 
 
 def test_after_stop_save_requeues_own_job_under_slurm(tmp_path):

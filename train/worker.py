@@ -735,7 +735,8 @@ def _after_stop(ctx: RankContext, result, judge) -> int:
         if ctx.is_first:
             code = policy.after_stop_save(result.signum, ctx.env, requeue_allowed=ctx.job.cluster.requeue_allowed,
                                           events=ctx.events, step=step,
-                                          requeued_by_slurm=bool(dec.get("requeued_by_slurm")))
+                                          requeued_by_slurm=bool(dec.get("requeued_by_slurm")),
+                                          run_dir=ctx.paths.run_dir)
             _exclude_recorded_nodes(ctx)
         code = int(broadcast(code))
         ctx.emit(EventKind.EXIT, reason="requeue", code=code, step=step)
