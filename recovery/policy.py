@@ -67,7 +67,7 @@ from recovery.exit_codes import (  # noqa: F401  (re-exported: the policy's voca
 from launch import attempts
 from recovery import startup_failures
 from recovery.slurm import Runner, Slurm, default_runner
-from recovery.storage import atomic_write_json
+from recovery.storage import LocalStorage, atomic_write_json
 
 
 @dataclass
@@ -188,6 +188,7 @@ def start_decision(
     *,
     clock: Callable[[], float] = time.time,
     job_id: Optional[str] = None,
+    storage: Optional[LocalStorage] = None,
 ) -> Decision:
     """Rank 0, before building the model: may this attempt train?
 
@@ -254,7 +255,7 @@ def start_decision(
                        f"{where}; {same} consecutive restart(s) without progress (limit {n})",
             )
     record["decision"] = decision.reason
-    atomic_write_json(RunPaths.of(run_dir).progress, records + [record])
+    atomic_write_json(RunPaths.of(run_dir).progress, records + [record], storage)
     return decision
 
 
@@ -274,7 +275,7 @@ def restart_tally(predecessors: list[dict], restart_count: int) -> tuple[int, in
 
 
 def mark_planned_stop(run_dir: Path, restart_count: int, job_id: Optional[str], step: int, *,
-                      clock: Callable[[], float] = time.time) -> bool:
+                      clock: Callable[[], float] = time.time, storage: Optional[LocalStorage] = None) -> bool:
     """Mark this attempt's progress record (the newest with ``restart_count`` and ``job_id``) as ended by a
     planned stop at the verified stop checkpoint ``step``, so the requeue it asks for next is not counted
     against ``training.max_restarts`` (:func:`restart_tally`). False when no record matches (the next restart
@@ -283,7 +284,7 @@ def mark_planned_stop(run_dir: Path, restart_count: int, job_id: Optional[str], 
     for r in reversed(records):
         if int(r.get("restart_count") or 0) == int(restart_count) and (r.get("job_id") or None) == (job_id or None):
             r[PLANNED_STOP] = {"step": int(step), "time": clock()}
-            atomic_write_json(RunPaths.of(run_dir).progress, records)
+            atomic_write_json(RunPaths.of(run_dir).progress, records, storage)
             return True
     return False
 
@@ -309,6 +310,7 @@ def after_stop_save(
     step: Optional[int] = None,
     requeued_by_slurm: bool = False,
     run_dir: Optional[Path] = None,
+    storage: Optional[LocalStorage] = None,
 ) -> int:
     """Rank 0, once the stop checkpoint is committed: ask Slurm for a requeue; return the exit code.
 
@@ -330,7 +332,7 @@ def after_stop_save(
     unmarked = ""
     if run_dir is not None and step is not None:
         restart = restart_count_from_env(env)
-        planned = mark_planned_stop(Path(run_dir), restart, job_id or None, step)
+        planned = mark_planned_stop(Path(run_dir), restart, job_id or None, step, storage=storage)
         if not planned:
             unmarked = (f"WARNING: no progress record of restart {restart} (job {job_id or 'local'}) in "
                         f"{RunPaths.of(run_dir).progress}: this requeue counts against training.max_restarts")
