@@ -73,3 +73,33 @@ def test_outside_slurm_and_usage(tmp_path: Path, capsys) -> None:
     assert main([str(tmp_path)], env=ENV, runner=FakeSlurm()) == 42
     assert "requeued" in capsys.readouterr().out
     assert json.loads((tmp_path / "events.jsonl").read_text().splitlines()[-1])["job_id"] == "77"
+
+
+def test_the_restart_limit_counts_failures_not_planned_slices(tmp_path: Path) -> None:
+    """30 planned slice requeues, then a crash: with training.max_restarts 2 the crash is requeued (1 unplanned);
+    after 2 earlier failures in the chain the third is not (another attempt would be refused)."""
+    from recovery import policy
+
+    (tmp_path / "config.yaml").write_text("training:\n  max_restarts: 2\n")
+
+    class T:
+        max_restarts, zero_progress_restarts = 2, 0
+
+    def chain(planned: list[bool]) -> dict:
+        for restart, ok in enumerate(planned):
+            assert policy.start_decision(tmp_path, restart, restart * 10 or None, T, job_id="77").ok
+            if ok:
+                assert policy.mark_planned_stop(tmp_path, restart, "77", restart * 10)
+        restart = len(planned)
+        assert policy.start_decision(tmp_path, restart, restart * 10, T, job_id="77").ok
+        attempt(tmp_path, restart, ("job_start", {}), ("stop", {"reason": "crash", "detail": "RuntimeError: boom"}),
+                ("exit", {"reason": "error", "code": 1}))
+        return {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": str(restart)}
+
+    fake = FakeSlurm()
+    assert requeue_after_crash(tmp_path, chain([True] * 30), fake)[0] == 42
+    (tmp_path / "progress.json").unlink()
+    code, why = requeue_after_crash(tmp_path, chain([True] * 10 + [False] + [True] * 10 + [False] + [True] * 8),
+                                    FakeSlurm())
+    assert code != 42 and "unplanned restart 3 > training.max_restarts 2 (28 planned slice requeues not counted)" \
+        in why, why
