@@ -248,7 +248,7 @@ class TrainingConfig:
     max_skipped_saves: int = 3  # on_save_failure=skip: consecutive failed periodic saves before the run stops
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     signal_lead_time_s: int = 120  # --signal lead: warning this long before the time limit
-    max_restarts: int = 20  # requeues allowed before giving up
+    max_restarts: int = 20  # unplanned restarts (crashes, hangs, node failures); planned requeues not counted
     zero_progress_restarts: int = 3  # stop after N consecutive restarts with no new checkpoint
     requeue_on_crash: bool = True  # Slurm: requeue a crashed attempt (bounded by the two limits above)
     restart_from_scratch: bool = False  # fresh submission only: move existing checkpoints to quarantine/, start at 0

@@ -36,7 +36,8 @@ EXIT_CODES: tuple[ExitCode, ...] = (
              "refused to start: `training.zero_progress_restarts` consecutive restarts made no new checkpoint, or "
              "failed before their first step (an import, the process group join: `startup/`)"),
     ExitCode("EXIT_MAX_RESTARTS", 4, True, "max_restarts",
-             "refused to start: restart count above `training.max_restarts`"),
+             "refused to start: more unplanned restarts (crashes, hangs, node failures) than `training.max_restarts`; "
+             "planned slice requeues are not counted"),
     ExitCode("EXIT_NO_LOADABLE", 5, True, "no_loadable_checkpoint",
              "refused to start: checkpoints exist and none verifies (none is overwritten; "
              "`training.restart_from_scratch=true` quarantines them)"),
