@@ -47,6 +47,7 @@ import pytest
 from recovery.commit import final_path
 from recovery.events import read_events
 from recovery.identity import RUN_ID_FILE
+from recovery.policy import read_progress
 from faults import Fault, checkpoint_tensors, losses_by_attempt, run_until_done, write_rank_logs_tail
 from recovery.resume import find_latest_verified
 
@@ -203,6 +204,15 @@ def test_faults_resume_bitwise_equal(layout, reference, tmp_path):
             # just written at that same boundary (it does not save a step twice)
             assert saved[-1]["step"] == sig["step"] and saved[-1]["reason"] in ("signal", "interval"), saved
             assert [e["method"] for e in es if e["event"] == "requeue"] == ["exit_code"]  # not under Slurm
+
+    # training.max_restarts counts failures: a stop checkpoint marked its attempt planned, a killed attempt is not
+    marks = {int(r["restart_count"]): r.get("planned_stop") for r in read_progress(run_dir)}
+    for i, a in enumerate(atts):
+        if any(f.kind == "signal_all" for f in a.faults):
+            sig_step = next(e["step"] for e in ev[i] if e["event"] == "signal")
+            assert marks.get(i) and marks[i]["step"] == sig_step, (i, marks)
+        if any(f.kind in ("kill_rank", "kill_in_save") for f in a.faults):
+            assert marks.get(i) is None, (i, marks)
 
     # replay parity said so: the resume after the corrupted checkpoint (at least) replayed logged steps, bitwise
     events = read_events(run_dir / "events.jsonl")
