@@ -15,6 +15,7 @@ import pandas as pd
 
 from analysis import throughput
 from analysis.flops import UnknownDevice, hardware_flops, num_floating_point_operations, peak_flops
+from launch.kinds import EventKind
 
 __all__ = ["RunShape", "layout_label", "shape_from_config", "step_metrics", "attempt_summary", "layout_summary",
            "regression_flags", "straggler_flags", "run_figures", "step_work", "with_event_times"]
@@ -118,7 +119,7 @@ def with_event_times(it: pd.DataFrame, events: Optional[list]) -> pd.DataFrame:
     (several ranks' logs, a truncated log) keeps its log time."""
     times: dict[int, list] = {}
     for e in events or []:
-        if e.get("event") != "iteration":
+        if e.get("event") != EventKind.ITERATION:
             continue
         step, sec, rank = e.get("step"), e.get("seconds"), e.get("rank")
         if isinstance(rank, (int, float)) and rank == rank and int(rank) != 0:
