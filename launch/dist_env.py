@@ -173,6 +173,13 @@ def rank_of(env: Mapping[str, str]) -> int:
     return int(raw or 0)
 
 
+def local_rank_of(env: Mapping[str, str]) -> int:
+    """This rank's place on its node without resolving any host (torchrun's ``LOCAL_RANK``, Slurm's
+    ``SLURM_LOCALID``, else 0); raises ValueError for a value that is not a number."""
+    raw = env.get("LOCAL_RANK") if "LOCAL_RANK" in env else env.get("SLURM_LOCALID")
+    return int(raw or 0)
+
+
 def node_name(env: Mapping[str, str], hostname: Callable[[], str] = socket.gethostname) -> str:
     """This rank's node: the simulated node of ``cluster=local`` (``SLURMTRON_NODE``), Slurm's ``SLURMD_NODENAME``,
     else the host name. The local checkpoint tier keys its directories and its ring by it."""

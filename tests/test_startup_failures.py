@@ -72,6 +72,33 @@ def test_on_slurm_the_rule_reads_the_same_jobs_attempts(tmp_path):
     assert set(startup_failures(run)) == {("77", 0), ("77", 1)}
 
 
+def test_a_refusal_on_a_node_whose_rank_0_was_killed_first_is_still_final_for_the_requeue_judge(tmp_path, capsys):
+    """The ranks reach the same verdict, but the first to exit 3 gets its peers killed (srun --kill-on-bad-exit),
+    rank 0 perhaps before it decided (seen on the real cluster: the job was requeued and the chain of start-up
+    failures broken). The first rank of every node records the final stop, so the requeue judge stops."""
+    from recovery.crash import attempt_events, crashed
+    from recovery.events import read_events
+    from train.worker import _refuse_after_startup_failures
+
+    run = tmp_path / "run"
+    run.mkdir()
+    paths = RunPaths.of(run)
+    _fail(run, 0, job_id="77")
+    _fail(run, 1, job_id="77")
+    slurm = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "2", "SLURM_PROCID": "9", "SLURM_LOCALID": "1"}
+    assert _refuse_after_startup_failures(paths, slurm, TRAINING) == EXIT_ZERO_PROGRESS
+    assert read_events(paths.events) == []  # not the first rank of its node: the line only
+    first_of_node = dict(slurm, SLURM_PROCID="8", SLURM_LOCALID="0")
+    assert _refuse_after_startup_failures(paths, first_of_node, TRAINING) == EXIT_ZERO_PROGRESS
+    mine = attempt_events(read_events(paths.events), "77", 2)
+    assert [(e["event"], e["rank"]) for e in mine] == [("stop", 8)]
+    requeue, why = crashed(mine)  # rank 0 was killed before it decided: no exit event, and still no requeue
+    assert not requeue and "stopped for good (zero_progress)" in why
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(line.startswith("slurmtron: refused to start: megatron is not importable") for
+                                   line in lines)
+
+
 def test_one_definition_of_the_attempts(tmp_path):
     events = [
         {"event": "job_start", "rank": 0, "job_id": None, "restart_count": 0, "attempt": 4},
@@ -177,3 +204,21 @@ def test_unimportable_megatron_stops_with_one_line_and_a_relaunch_numbers_after_
     assert st.attempts == summary["attempts"] == 5
     assert st.state == "completed" and st.interruptions == {"crash": 2, "zero_progress": 1}
     assert summary["counts_by_cause"] == {"crash": 2, "zero_progress": 1}
+
+
+def test_the_teardown_of_a_start_that_could_not_import_megatron_imports_nothing(tmp_path):
+    """A start-up that failed importing Megatron-Core tears down without importing it again (that second error
+    escaped as a traceback chain when a stop signal had also arrived: srun ending the peers of a failed rank)."""
+    site = tmp_path / "site" / "megatron" / "core"
+    site.mkdir(parents=True)
+    (site.parent / "__init__.py").write_text("")
+    (site / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'megatron.core'\", "
+                                      "name='megatron.core')\n")
+    code = ("from train.distributed import shutdown_distributed\nshutdown_distributed()\n"
+            "from types import SimpleNamespace as N\nfrom train.worker import _failed_to_start\n"
+            "ctx = N(decided=False, flag=N(received_at=1.0))\n"
+            "print(_failed_to_start(ctx, ModuleNotFoundError('x')), _failed_to_start(ctx, RuntimeError('x')))\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "site"), str(REPO)]))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout.split() == ["True", "False"]  # an import error is a start-up failure, signal or not

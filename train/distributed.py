@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import sys
 from typing import Any, Iterator, Mapping, NamedTuple, Optional
 
 from launch import dist_env
@@ -87,11 +88,13 @@ def init_distributed(job: Any, denv: Any, *, timeout_s: float, checkpoint_helper
 
 
 def shutdown_distributed() -> None:
-    """Destroy Megatron's parallel groups and the process group (safe after a partial init)."""
+    """Destroy Megatron's parallel groups and the process group (safe after a partial init, including one that
+    failed to import Megatron-Core: then there are no groups of its to destroy, and it is not imported again)."""
     import torch.distributed as dist
-    from megatron.core import parallel_state
 
-    parallel_state.destroy_model_parallel()
+    parallel_state = sys.modules.get("megatron.core.parallel_state")
+    if parallel_state is not None:
+        parallel_state.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
 

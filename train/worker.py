@@ -185,11 +185,16 @@ def _refuse_after_startup_failures(paths: RunPaths, env: Mapping[str, str], trai
           flush=True)
     try:
         rank = dist_env.rank_of(env)
-        if rank == 0:
-            log = EventLog(paths.events, job_id=env.get("SLURM_JOB_ID"), restart_count=restart_count_from_env(env),
-                           attempt=_numbered(env))
+        # Every rank reaches this verdict from the same records, but the first to exit gets its peers killed
+        # (srun --kill-on-bad-exit), rank 0 perhaps before it decided: so the first rank of each node records the
+        # final stop too (one line per node), and the requeue judge (recovery/crash.py) never takes the attempt
+        # for a crash to requeue. Rank 0 also records the exit.
+        if rank == 0 or dist_env.local_rank_of(env) == 0:
+            log = EventLog(paths.events, rank=rank, job_id=env.get("SLURM_JOB_ID"),
+                           restart_count=restart_count_from_env(env), attempt=_numbered(env))
             log.emit(EventKind.STOP, reason=dec.reason, code=dec.code, detail=dec.detail, startup=True)
-            log.emit(EventKind.EXIT, reason=dec.reason, code=dec.code, step=None)
+            if rank == 0:
+                log.emit(EventKind.EXIT, reason=dec.reason, code=dec.code, step=None)
     except (OSError, ValueError) as e:  # the refusal stands; only its record is missing
         print(f"WARNING: the refusal could not be recorded in {paths.events}: {e}", flush=True)
     return int(dec.code)
@@ -321,9 +326,11 @@ _NAMED_STOPS = ("SaveFailed", "UnsafeCheckpoint", "CheckpointMismatch")  # final
 
 def _failed_to_start(ctx: RankContext, e: BaseException) -> bool:
     """A failure before the start decision (an import, a version check, the process group join) that no stop signal
-    explains and that is no named stop: a start-up failure (:func:`_startup_failed`)."""
-    return (not ctx.decided and isinstance(e, Exception) and ctx.flag.received_at is None
-            and type(e).__name__ not in _NAMED_STOPS)
+    explains and that is no named stop: a start-up failure (:func:`_startup_failed`). An import error is one even
+    when a stop signal came too (srun ends the peers of a rank that failed first): no signal makes a module
+    unimportable."""
+    return (not ctx.decided and isinstance(e, Exception) and type(e).__name__ not in _NAMED_STOPS
+            and (ctx.flag.received_at is None or isinstance(e, ImportError)))
 
 
 def _oom_stop(ctx: RankContext, e: BaseException) -> int:
