@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,7 @@ from analysis.document import counts, csv_safe, num, to_html, to_markdown
 from analysis.plots import MEMORY_SERIES, plot_goodput, plot_loss_by_step, plot_memory, plot_mfu_by_layout, plot_timeline
 from analysis.slice_end import report_line
 from launch.kinds import Cause, EventKind
-from launch.paths import RunDirError, given_run_dir
+from launch.paths import RunDirError, given_run_dir, unwritable_ancestor
 
 __all__ = ["main", "analyze_run", "ITERATIONS_CSV_COLUMNS"]
 
@@ -529,14 +528,7 @@ def _out_problem(out: Path) -> str | None:
     """Why the report cannot be written to ``out`` (one line), or None."""
     if out.exists() and not out.is_dir():
         return "is a file, not a directory; give a directory (it is created if missing)"
-    probe = out
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir():
-        return f"{probe} is not a directory"
-    if not os.access(probe, os.W_OK | os.X_OK):
-        return f"{probe} is not writable"
-    return None
+    return unwritable_ancestor(out)
 
 
 def _found(run) -> str:

@@ -239,6 +239,24 @@ def given_run_dir(arg: str, what: str = "run directory") -> Path:
     return resolved(arg)
 
 
+def unwritable_ancestor(path: PathLike) -> Optional[str]:
+    """Why nothing can be created at or below ``path``, judged at its nearest existing ancestor (``path`` itself when
+    it exists): not a directory, not writable by this user, or on a read-only filesystem. None when it can."""
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a directory"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable"
+    try:
+        if os.statvfs(probe).f_flag & os.ST_RDONLY:  # root passes os.access even there
+            return f"{probe} is on a read-only filesystem"
+    except OSError:
+        pass
+    return None
+
+
 def resolved(path: PathLike) -> Path:
     """``path`` made absolute with ``..`` and symlinks resolved as far as it exists (never raises for a missing one)."""
     try:

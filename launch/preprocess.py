@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
+from launch.paths import unwritable_ancestor
 from launch.tokenizer import TokenizerError, get_tokenizer
 
 EXIT_BAD_INPUT = 2
@@ -92,13 +93,9 @@ def output_problem(output_prefix: str) -> Optional[str]:
     if not prefix.name or output_prefix.endswith("/"):
         return (f"--output-prefix {output_prefix}: names a directory, not a file prefix; fix: --output-prefix "
                 f"{output_prefix.rstrip('/') or '.'}/corpus")
-    probe = prefix.parent
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not probe.is_dir():
-        return f"--output-prefix {output_prefix}: {probe} is not a directory; fix: choose another output directory"
-    if not os.access(probe, os.W_OK | os.X_OK):
-        return f"--output-prefix {output_prefix}: {probe} is not writable; fix: choose a directory you can write"
+    why = unwritable_ancestor(prefix.parent)
+    if why:
+        return f"--output-prefix {output_prefix}: {why}; fix: choose a directory you can write"
     for suffix in (".bin", ".idx", ".bin.tmp", ".idx.tmp"):
         target = Path(f"{output_prefix}{suffix}")
         if target.is_symlink() or (target.exists() and not target.is_file()):

@@ -32,7 +32,7 @@ from typing import Any, Optional
 
 from launch import hf_config
 from launch.compose import load_job
-from launch.paths import RunDirError, RunPaths, given_run_dir
+from launch.paths import RunDirError, RunPaths, given_run_dir, unwritable_ancestor
 from launch.tokenizer import get_tokenizer
 from launch.vocab import padded_vocab_size
 from recovery import policy
@@ -279,23 +279,6 @@ def shard_bytes(text: str) -> Optional[int]:
     return n if n > 0 else None
 
 
-def cannot_write(out: Path) -> Optional[str]:
-    """Why the export could not create ``out`` (its nearest existing parent is not a writable directory), or None."""
-    parent = out.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        return f"{parent} is not a directory"
-    if not os.access(parent, os.W_OK | os.X_OK):
-        return f"{parent} is not writable by this user"
-    try:
-        if os.statvfs(parent).f_flag & os.ST_RDONLY:
-            return f"{parent} is on a read-only filesystem"
-    except OSError:
-        pass
-    return None
-
-
 def _into_empty(staging: Path, out: Path) -> None:
     out.rmdir()  # checked empty before the export began
     os.replace(staging, out)
@@ -331,7 +314,7 @@ def main(argv: Optional[list] = None, env: Optional[dict] = None) -> int:
         print(f"error: --out {out} exists and is not an empty directory; an export never overwrites: give a new "
               f"directory", file=sys.stderr)
         return 2
-    unwritable = cannot_write(out)
+    unwritable = unwritable_ancestor(out.parent)
     if unwritable:
         print(f"error: --out {out}: {unwritable}; nothing was loaded or written", file=sys.stderr)
         return policy.EXIT_STORAGE
